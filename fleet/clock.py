@@ -1,0 +1,28 @@
+"""Clocks are injected so that decision code and staleness checks can be tested without sleeping."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Monotonic seconds."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self._t = start
+
+    def now(self) -> float:
+        return self._t
+
+    def advance(self, seconds: float) -> None:
+        self._t += seconds

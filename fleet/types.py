@@ -1,0 +1,115 @@
+"""Backends as the router sees them.
+
+A `Backend` joins three things of different lifetimes:
+- `spec`: what the operator configured (immutable, replaced as a whole);
+- `snapshot`: the latest scrape of the engine's /metrics (immutable, carries its age);
+- `load`: the proxy's own live accounting (mutated on the hot path, read by policies).
+Policies only read a Backend; the proxy and the scraper write it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    id: str
+    url: str  # base URL without a trailing slash, e.g. http://127.0.0.1:8001
+    role: Role = Role.BOTH
+    node: str = ""
+    unit: str = ""
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    # Models the backend serves, learned from its /v1/models; empty until learned.
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """The router-relevant part of one vLLM /metrics page, summed over `engine` labels."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0  # 0..1
+    prefix_queries: float = 0.0  # tokens, counter
+    prefix_hits: float = 0.0  # tokens, counter
+    preemptions: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    # From vllm:cache_config_info, when published.
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool | None = None
+    models: tuple[str, ...] = ()  # model_name label values seen
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    taken_at: float  # clock seconds when the scrape completed
+    metrics: EngineMetrics
+
+    def age(self, now: float) -> float:
+        return now - self.taken_at
+
+
+@dataclass(slots=True)
+class Load:
+    """The proxy's own accounting for one backend, updated on every dispatch and chunk."""
+
+    in_flight: int = 0
+    pending_prefill_tokens: int = 0  # charged at dispatch, released at the first token
+    running_decodes: int = 0  # requests past their first token
+    dispatched_total: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Backend:
+    spec: BackendSpec
+    load: Load = field(default_factory=Load)
+    snapshot: MetricsSnapshot | None = None
+    healthy: bool = True  # result of the last /health probe
+    draining: bool = False  # admin asked: no new requests
+    last_error: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def role(self) -> Role:
+        return self.spec.role
+
+    def serves(self, model: str) -> bool:
+        # A backend whose models are not yet known serves nothing: we cannot route by model.
+        return model in self.spec.models
+
+    def is_stale(self, now: float, stale_after: float) -> bool:
+        snap = self.snapshot
+        return snap is None or now - snap.taken_at > stale_after
+
+    def routable(self, now: float, stale_after: float) -> bool:
+        return self.healthy and not self.draining and not self.is_stale(now, stale_after)
+
+    @property
+    def batch_size(self) -> float:
+        """Running + waiting as best known: the larger of own accounting and the scrape."""
+        scraped = 0.0
+        if self.snapshot is not None:
+            m = self.snapshot.metrics
+            scraped = m.running + m.waiting
+        return max(float(self.load.in_flight), scraped)

@@ -1,0 +1,1 @@
+"""Routing policies: pure functions of (request context, candidate backends) -> Decision."""

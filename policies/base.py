@@ -1,0 +1,54 @@
+"""The policy seam between the proxy and routing logic.
+
+Routing code never does I/O and never awaits: `pick` is a pure function of the request
+context, the candidate backends (read-only) and the clock reading passed in.
+Optional capabilities are found by shape (`hasattr`), not by class:
+- `on_finish(ctx, backend_id)`: a request routed by this policy has ended;
+- `on_backend_removed(backend_id)`: a backend left the fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fleet.types import Backend
+
+
+@dataclass(slots=True)
+class RequestContext:
+    request_id: str
+    endpoint: str  # "completions" or "chat/completions"
+    model: str
+    body: dict[str, Any]
+    headers: Mapping[str, str]  # lower-case header names
+    stream: bool
+    # The text a prefix index hashes: the prompt, or the chat messages serialized in order.
+    prompt_text: str
+    # Estimated prompt tokens (a character estimate unless a tokenizer is configured).
+    prompt_tokens: int
+    session_id: str | None = None
+    program_id: str | None = None
+    debug: bool = False
+
+
+@dataclass(slots=True)
+class Decision:
+    target: Backend
+    prefill: Backend | None = None  # set when the request is disaggregated
+    # Per candidate id, named scores: what a decision receipt shows.
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    reason: str = ""
+
+
+class NoCandidate(Exception):
+    """The policy found no backend it is willing to route to."""
+
+
+class Policy(Protocol):
+    name: str
+
+    def pick(self, ctx: RequestContext, candidates: Sequence[Backend], now: float) -> Decision:
+        """Choose among non-empty `candidates` (healthy, not draining, serving ctx.model)."""
+        ...
