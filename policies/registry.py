@@ -30,3 +30,11 @@ def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
         known = ", ".join(sorted(factories))
         raise UnknownPolicy(f"unknown policy {name!r}; known policies: {known}") from None
     return factory(params or {})
+
+
+def build_routing(config: Mapping[str, Any]) -> Policy:
+    """The YAML form of routing; until plugin profiles exist it names one policy."""
+    name = config.get("policy")
+    if not isinstance(name, str):
+        raise UnknownPolicy("routing: expected a 'policy' name")
+    return build_policy(name, config.get("params") or {})

@@ -1,0 +1,175 @@
+"""An approximate, bounded index of which backend holds which prompt prefix.
+
+vLLM caches KV per full block and names a block by a chained hash of everything before it, so
+a prefix that matches block i on a server matches blocks 0..i-1 too. Routers cannot see those
+hashes cheaply, so (like llm-d's approximate prefix scorer) we hash the prompt *text* in blocks
+of `chars_per_block` characters with a chained xxhash64 seeded by the model name, and remember
+which backend each block was last routed to. xxhash rather than hashlib: it is the hash llm-d
+uses for exactly this and is several times faster than blake2b on short inputs; the index is
+approximate anyway, so a 64-bit non-cryptographic hash is enough.
+
+Each backend keeps an LRU of its blocks, bounded like its real KV cache: by default
+`default_capacity_blocks`, or, once the backend publishes `vllm:cache_config_info`,
+`block_size * num_gpu_blocks` tokens converted to text blocks. A reverse map block -> backends
+makes one lookup cost O(matched blocks x matching backends), independent of fleet size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+DEFAULT_CHARS_PER_BLOCK = 64  # llm-d: 16-token blocks x 4 characters per token
+DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
+
+
+def block_hashes(text: str, model: str, chars_per_block: int) -> list[int]:
+    """Chained hashes of the full `chars_per_block` blocks of `text`; a partial tail is not
+    cached by vLLM either, so it is not hashed."""
+    data = text.encode("utf-8", "surrogatepass")
+    n_blocks = len(data) // chars_per_block
+    seed = xxhash.xxh64_intdigest(model.encode())
+    hashes: list[int] = []
+    prev = seed.to_bytes(8, "little")
+    for i in range(n_blocks):
+        block = data[i * chars_per_block : (i + 1) * chars_per_block]
+        h = xxhash.xxh64_intdigest(prev + block, seed)
+        hashes.append(h)
+        prev = h.to_bytes(8, "little")
+    return hashes
+
+
+def capacity_from_cache_config(
+    block_size: int, num_gpu_blocks: int, chars_per_block: int, chars_per_token: float = 4.0
+) -> int:
+    """Text blocks that fit in a server's KV cache of `block_size * num_gpu_blocks` tokens."""
+    tokens = block_size * num_gpu_blocks
+    return max(1, int(tokens * chars_per_token // chars_per_block))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """Leading blocks of one prompt found per backend (backends with no match are absent)."""
+
+    total_blocks: int
+    matched: Mapping[str, int]
+    chars_per_block: int
+
+    def blocks(self, backend_id: str) -> int:
+        return self.matched.get(backend_id, 0)
+
+    def ratio(self, backend_id: str) -> float:
+        if self.total_blocks == 0:
+            return 0.0
+        return self.matched.get(backend_id, 0) / self.total_blocks
+
+    @property
+    def best_blocks(self) -> int:
+        return max(self.matched.values(), default=0)
+
+
+class PrefixIndex:
+    def __init__(
+        self,
+        chars_per_block: int = DEFAULT_CHARS_PER_BLOCK,
+        default_capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+    ) -> None:
+        if chars_per_block < 1 or default_capacity_blocks < 1:
+            raise ValueError("chars_per_block and default_capacity_blocks must be >= 1")
+        self.chars_per_block = chars_per_block
+        self.default_capacity_blocks = default_capacity_blocks
+        self._blocks: dict[str, OrderedDict[int, None]] = {}  # backend -> LRU of block hashes
+        self._capacity: dict[str, int] = {}
+        self._owners: dict[int, set[str]] = {}  # block hash -> backends holding it
+        self._size = 0
+
+    def hashes(self, text: str, model: str) -> list[int]:
+        return block_hashes(text, model, self.chars_per_block)
+
+    def match(self, hashes: list[int]) -> PrefixMatch:
+        """How many leading blocks of `hashes` each backend holds."""
+        matched: dict[str, int] = {}
+        alive: set[str] | None = None
+        depth = 0
+        for h in hashes:
+            owners = self._owners.get(h)
+            if not owners:
+                break
+            if alive is None:
+                alive = set(owners)
+            else:
+                for backend in alive - owners:
+                    matched[backend] = depth  # held every block before this one
+                alive &= owners
+                if not alive:
+                    break
+            depth += 1
+        for backend in alive or ():
+            matched[backend] = depth
+        return PrefixMatch(len(hashes), matched, self.chars_per_block)
+
+    def record(self, backend_id: str, hashes: Sequence[int]) -> None:
+        """The prompt with these blocks was routed to `backend_id`: it will hold them.
+
+        Blocks are touched last-to-first so that a prompt's leading blocks are the most recent
+        and its tail is evicted first, as vLLM frees a request's blocks tail first: evicting a
+        leading block would orphan every block chained after it."""
+        lru = self._blocks.get(backend_id)
+        if lru is None:
+            lru = self._blocks[backend_id] = OrderedDict()
+        for h in reversed(hashes):
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            lru[h] = None
+            self._size += 1
+            owners = self._owners.get(h)
+            if owners is None:
+                self._owners[h] = {backend_id}
+            else:
+                owners.add(backend_id)
+        self._evict(backend_id, lru)
+
+    def set_capacity(self, backend_id: str, blocks: int) -> None:
+        self._capacity[backend_id] = max(1, blocks)
+        lru = self._blocks.get(backend_id)
+        if lru is not None:
+            self._evict(backend_id, lru)
+
+    def capacity(self, backend_id: str) -> int:
+        return self._capacity.get(backend_id, self.default_capacity_blocks)
+
+    def remove_backend(self, backend_id: str) -> None:
+        lru = self._blocks.pop(backend_id, None)
+        self._capacity.pop(backend_id, None)
+        if lru is None:
+            return
+        for h in lru:
+            self._drop_owner(h, backend_id)
+        self._size -= len(lru)
+
+    def size(self) -> int:
+        """Blocks held over all backends (one block held by two backends counts twice)."""
+        return self._size
+
+    def backend_blocks(self, backend_id: str) -> int:
+        lru = self._blocks.get(backend_id)
+        return 0 if lru is None else len(lru)
+
+    def _evict(self, backend_id: str, lru: OrderedDict[int, None]) -> None:
+        cap = self.capacity(backend_id)
+        while len(lru) > cap:
+            h, _ = lru.popitem(last=False)
+            self._size -= 1
+            self._drop_owner(h, backend_id)
+
+    def _drop_owner(self, h: int, backend_id: str) -> None:
+        owners = self._owners.get(h)
+        if owners is None:
+            return
+        owners.discard(backend_id)
+        if not owners:
+            del self._owners[h]

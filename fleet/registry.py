@@ -1,0 +1,94 @@
+"""Fleet membership and the latest state of every backend.
+
+The registry is the one owner of `Backend` objects. The proxy dispatches through them, the
+scraper writes their snapshots and health, the admin API adds, removes and drains them.
+A removed backend keeps serving the requests already sent to it (they hold a reference);
+it only stops receiving new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from urllib.parse import urlsplit
+
+from fleet.types import Backend, BackendSpec
+
+
+def default_backend_id(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.netloc or url
+
+
+class DuplicateBackend(ValueError):
+    pass
+
+
+class FleetRegistry:
+    def __init__(self, stale_after: float) -> None:
+        self._backends: dict[str, Backend] = {}
+        self.stale_after = stale_after
+        self._removed_listeners: list[Callable[[str], None]] = []
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(list(self._backends.values()))
+
+    def __len__(self) -> int:
+        return len(self._backends)
+
+    def get(self, backend_id: str) -> Backend | None:
+        return self._backends.get(backend_id)
+
+    def add(self, spec: BackendSpec) -> Backend:
+        if spec.id in self._backends:
+            raise DuplicateBackend(f"backend {spec.id!r} is already registered")
+        backend = Backend(spec=spec)
+        self._backends[spec.id] = backend
+        return backend
+
+    def remove(self, backend_id: str) -> Backend | None:
+        backend = self._backends.pop(backend_id, None)
+        if backend is not None:
+            for listener in self._removed_listeners:
+                listener(backend_id)
+        return backend
+
+    def on_removed(self, listener: Callable[[str], None]) -> None:
+        self._removed_listeners.append(listener)
+
+    def set_draining(self, backend_id: str, draining: bool) -> Backend | None:
+        backend = self._backends.get(backend_id)
+        if backend is not None:
+            backend.draining = draining
+        return backend
+
+    def set_models(self, backend: Backend, models: tuple[str, ...]) -> None:
+        if backend.spec.models != models:
+            backend.spec = replace(backend.spec, models=models)
+
+    def candidates(self, model: str, now: float) -> list[Backend]:
+        """Backends that may take a new request for `model` right now."""
+        stale_after = self.stale_after
+        return [
+            b
+            for b in self._backends.values()
+            if b.healthy
+            and not b.draining
+            and model in b.spec.models
+            and b.snapshot is not None
+            and now - b.snapshot.taken_at <= stale_after
+        ]
+
+    def routable(self, now: float) -> list[Backend]:
+        return [b for b in self._backends.values() if b.routable(now, self.stale_after)]
+
+    def models(self, now: float) -> list[str]:
+        """Union of models over backends that can take requests."""
+        seen: dict[str, None] = {}
+        for b in self.routable(now):
+            for m in b.spec.models:
+                seen[m] = None
+        return list(seen)
+
+    def knows_model(self, model: str) -> bool:
+        return any(model in b.spec.models for b in self._backends.values())

@@ -1,0 +1,122 @@
+"""Background polling of every backend's /metrics, /health and /v1/models.
+
+One loop per backend, so a slow or hung backend never delays the others' snapshots.
+Failures never raise out of a loop: they mark the backend (unhealthy or stale) and the
+next success brings it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+import orjson
+
+from fleet.clock import Clock
+from fleet.registry import FleetRegistry
+from fleet.types import Backend, MetricsSnapshot
+from fleet.vllm_metrics import parse_engine_metrics
+
+log = logging.getLogger("fleet.scrape")
+
+
+class Scraper:
+    def __init__(
+        self,
+        registry: FleetRegistry,
+        client: httpx.AsyncClient,
+        clock: Clock,
+        *,
+        interval: float = 0.2,
+        health_interval: float = 1.0,
+        models_interval: float = 10.0,
+        timeout: float = 1.0,
+    ) -> None:
+        self.registry = registry
+        self.client = client
+        self.clock = clock
+        self.interval = interval
+        self.health_interval = health_interval
+        self.models_interval = models_interval
+        self.timeout = timeout
+        self._loops: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self) -> None:
+        """Keep one polling loop per registered backend until cancelled."""
+        try:
+            while True:
+                self.sync_loops()
+                await asyncio.sleep(self.interval)
+        finally:
+            for task in self._loops.values():
+                task.cancel()
+            for task in self._loops.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def sync_loops(self) -> None:
+        current = {b.id: b for b in self.registry}
+        for backend_id in list(self._loops):
+            if backend_id not in current or self._loops[backend_id].done():
+                self._loops.pop(backend_id).cancel()
+        for backend_id, backend in current.items():
+            if backend_id not in self._loops:
+                self._loops[backend_id] = asyncio.create_task(
+                    self._poll(backend), name=f"scrape:{backend_id}"
+                )
+
+    async def _poll(self, backend: Backend) -> None:
+        next_health = 0.0
+        next_models = 0.0
+        while True:
+            now = self.clock.now()
+            if now >= next_health:
+                was_healthy = backend.healthy
+                await self.check_health(backend)
+                next_health = now + self.health_interval
+                if backend.healthy and (not was_healthy or not backend.spec.models):
+                    next_models = now  # (re)learn models as soon as a backend comes back
+            if backend.healthy and now >= next_models:
+                await self.learn_models(backend)
+                next_models = now + self.models_interval
+            if backend.healthy:
+                await self.scrape_metrics(backend)
+            await asyncio.sleep(self.interval)
+
+    async def check_health(self, backend: Backend) -> None:
+        try:
+            r = await self.client.get(backend.url + "/health", timeout=self.timeout)
+            ok = r.status_code == 200
+            if not ok:
+                backend.last_error = f"/health answered {r.status_code}"
+        except httpx.HTTPError as e:
+            ok = False
+            backend.last_error = f"/health failed: {type(e).__name__}: {e}"
+        if ok != backend.healthy:
+            log.warning("backend %s is now %s", backend.id, "healthy" if ok else "unhealthy")
+        backend.healthy = ok
+
+    async def learn_models(self, backend: Backend) -> None:
+        try:
+            r = await self.client.get(backend.url + "/v1/models", timeout=self.timeout)
+            r.raise_for_status()
+            data = orjson.loads(r.content)
+            models = tuple(str(m["id"]) for m in data.get("data", []) if "id" in m)
+        except (httpx.HTTPError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            backend.last_error = f"/v1/models failed: {type(e).__name__}: {e}"
+            return
+        if models:
+            self.registry.set_models(backend, models)
+
+    async def scrape_metrics(self, backend: Backend) -> None:
+        try:
+            r = await self.client.get(backend.url + "/metrics", timeout=self.timeout)
+            r.raise_for_status()
+            metrics = parse_engine_metrics(r.text)
+        except (httpx.HTTPError, ValueError) as e:
+            # The snapshot keeps its old time, so it goes stale on its own.
+            backend.last_error = f"/metrics failed: {type(e).__name__}: {e}"
+            return
+        backend.snapshot = MetricsSnapshot(taken_at=self.clock.now(), metrics=metrics)

@@ -1,0 +1,140 @@
+"""Prompt token counts for routing.
+
+Three sources, chosen per deployment:
+- `estimate` (default): characters / `chars_per_token`; free, good enough for load balancing;
+- `hf`: a Hugging Face `tokenizer.json` on local disk, via the `tokenizers` package;
+- `remote`: the backend's own `POST /tokenize` (exact for its chat template, costs a round trip).
+
+The proxy calls `await counter.count(text, model)` once per request. In `estimate` mode that
+returns without leaving the event loop; the tokenizer runs in a worker thread
+(`asyncio.to_thread`) and the remote call is an async httpx request, so neither blocks the
+loop. Results are cached in an LRU keyed by (model, a 128-bit hash of the text), so repeated
+prompts (retries, multi-turn prefixes sent again) are counted once and no prompt text is kept.
+Any failure of the exact sources falls back to the estimate: routing must not fail on counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import httpx
+import xxhash
+
+Mode = Literal["estimate", "hf", "remote"]
+
+
+class Encoder(Protocol):
+    def encode(self, text: str) -> Any: ...
+
+
+class LruCache:
+    """A bounded mapping that forgets the least recently used key (OrderedDict keeps the order)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._data: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+
+    def get(self, key: tuple[str, bytes]) -> int | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: tuple[str, bytes], value: int) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def load_hf_tokenizer(path: str) -> Encoder:
+    """Load a local `tokenizer.json` (a file, or a directory that holds one); never downloads."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    tok: Encoder = Tokenizer.from_file(str(p))
+    return tok
+
+
+class TokenCounter:
+    def __init__(
+        self,
+        mode: Mode = "estimate",
+        *,
+        chars_per_token: float = 4.0,
+        tokenizer: Encoder | None = None,
+        tokenizer_path: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        tokenize_url_for: Callable[[str], str | None] | None = None,
+        cache_size: int = 4096,
+    ) -> None:
+        """`tokenize_url_for(model)` gives the base URL of a backend serving `model` (remote
+        mode); `tokenizer` or `tokenizer_path` is needed in hf mode."""
+        if chars_per_token <= 0:
+            raise ValueError("chars_per_token must be > 0")
+        if mode == "hf" and tokenizer is None:
+            if tokenizer_path is None:
+                raise ValueError("hf token counting needs tokenizer_path (a local tokenizer.json)")
+            tokenizer = load_hf_tokenizer(tokenizer_path)
+        if mode == "remote" and (client is None or tokenize_url_for is None):
+            raise ValueError("remote token counting needs an httpx client and tokenize_url_for")
+        self.mode: Mode = mode
+        self.chars_per_token = chars_per_token
+        self._tokenizer = tokenizer
+        self._client = client
+        self._url_for = tokenize_url_for
+        self._cache = LruCache(cache_size)
+        self.fallbacks = 0  # exact counts that failed and fell back to the estimate
+
+    def estimate(self, text: str) -> int:
+        """The character estimate; synchronous and cheap."""
+        return math.ceil(len(text) / self.chars_per_token)
+
+    async def count(self, text: str, model: str) -> int:
+        if self.mode == "estimate" or not text:
+            return self.estimate(text)
+        key = (model, xxhash.xxh3_128_digest(text.encode("utf-8", "surrogatepass")))
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        try:
+            if self.mode == "hf":
+                n = await asyncio.to_thread(self._encode_len, text)
+            else:
+                n = await self._remote_count(text, model)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            self.fallbacks += 1
+            return self.estimate(text)
+        self._cache.put(key, n)
+        return n
+
+    def cached_entries(self) -> int:
+        return len(self._cache)
+
+    def _encode_len(self, text: str) -> int:
+        assert self._tokenizer is not None
+        return len(self._tokenizer.encode(text).ids)
+
+    async def _remote_count(self, text: str, model: str) -> int:
+        assert self._client is not None and self._url_for is not None
+        base = self._url_for(model)
+        if base is None:
+            raise ValueError(f"no backend serves {model!r} for /tokenize")
+        resp = await self._client.post(f"{base}/tokenize", json={"model": model, "prompt": text})
+        resp.raise_for_status()
+        data = resp.json()
+        count = data.get("count")
+        if isinstance(count, int):
+            return count
+        return len(data["tokens"])

@@ -1,0 +1,129 @@
+"""vLLM /metrics text -> EngineMetrics.
+
+The exposition is parsed with prometheus_client's parser (a well-kept, spec-following parser;
+we do not hand-roll Prometheus text parsing). A vLLM page is mostly histogram buckets the
+router never reads, so lines of other families are dropped before parsing: that keeps a 200 ms
+scrape cadence cheap on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleet.types import EngineMetrics
+
+# Current names first, then the names older vLLM servers publish (REFERENCE §1).
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREFIX_QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
+PREFIX_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
+PREEMPTIONS = ("vllm:num_preemptions",)
+PROMPT_TOKENS = ("vllm:prompt_tokens",)
+GENERATION_TOKENS = ("vllm:generation_tokens",)
+CACHE_CONFIG = ("vllm:cache_config_info",)
+
+WANTED: frozenset[str] = frozenset(
+    RUNNING
+    + WAITING
+    + KV_USAGE
+    + PREFIX_QUERIES
+    + PREFIX_HITS
+    + PREEMPTIONS
+    + PROMPT_TOKENS
+    + GENERATION_TOKENS
+    + CACHE_CONFIG
+)
+_SUFFIXES = ("_total", "_created", "_info")
+
+
+def _family_of(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in WANTED:
+            return name[: -len(suffix)]
+    return name
+
+
+def _line_name(line: str) -> str:
+    if line.startswith("# "):
+        parts = line.split(" ", 3)
+        return parts[2] if len(parts) > 2 else ""
+    end = len(line)
+    for sep in ("{", " "):
+        i = line.find(sep)
+        if i != -1 and i < end:
+            end = i
+    return line[:end]
+
+
+def relevant_lines(text: str) -> Iterable[str]:
+    """Keep only the lines of the families the router reads (exact names: one is a prefix
+    of another, e.g. num_requests_waiting and num_requests_waiting_by_reason)."""
+    for line in text.splitlines():
+        if not line:
+            continue
+        name = _line_name(line)
+        if name in WANTED or _family_of(name) in WANTED:
+            yield line
+
+
+def parse_engine_metrics(text: str) -> EngineMetrics:
+    """Sum counts over the `engine` label (data-parallel ranks); KV usage takes the max."""
+    sums: dict[str, float] = {}
+    kv_usage = 0.0
+    models: set[str] = set()
+    block_size: int | None = None
+    num_blocks: int | None = None
+    prefix_caching: bool | None = None
+    filtered = "\n".join(relevant_lines(text)) + "\n"
+    for family in text_string_to_metric_families(filtered):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            base = _family_of(sample.name)
+            labels = sample.labels
+            model = labels.get("model_name")
+            if model:
+                models.add(model)
+            if base in KV_USAGE:
+                kv_usage = max(kv_usage, sample.value)
+            elif base in CACHE_CONFIG:
+                block_size = _int_or_none(labels.get("block_size"))
+                num_blocks = _int_or_none(labels.get("num_gpu_blocks"))
+                enabled = labels.get("enable_prefix_caching")
+                if enabled is not None:
+                    prefix_caching = enabled.lower() == "true"
+            else:
+                sums[base] = sums.get(base, 0.0) + sample.value
+
+    def first(names: tuple[str, ...]) -> float:
+        for n in names:
+            if n in sums:
+                return sums[n]
+        return 0.0
+
+    return EngineMetrics(
+        running=first(RUNNING),
+        waiting=first(WAITING),
+        kv_usage=kv_usage,
+        prefix_queries=first(PREFIX_QUERIES),
+        prefix_hits=first(PREFIX_HITS),
+        preemptions=first(PREEMPTIONS),
+        prompt_tokens=first(PROMPT_TOKENS),
+        generation_tokens=first(GENERATION_TOKENS),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        enable_prefix_caching=prefix_caching,
+        models=tuple(sorted(models)),
+    )
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None or value in ("", "None"):
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Filters: narrow the candidate list before scoring."""

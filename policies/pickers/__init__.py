@@ -1,0 +1,1 @@
+"""Pickers: choose one backend, from the profile's scores or from backend state directly."""

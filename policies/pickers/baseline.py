@@ -1,0 +1,75 @@
+"""Load-balancing pickers that ignore scores: round-robin, least-requests, power-of-two."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from fleet.types import Backend
+from policies.pickers.rotation import Rotation
+from policies.plugin import SchedulingRequest
+from policies.plugin_base import PluginBase
+
+
+class RoundRobinPicker(PluginBase):
+    type = "round-robin-picker"
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(name)
+        self._rotation = Rotation()
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        return candidates[self._rotation.start(len(candidates))]
+
+
+def least_in_flight(candidates: Sequence[Backend], start: int) -> Backend:
+    """Fewest requests in flight through this proxy; ties go to the first from `start`."""
+    n = len(candidates)
+    best = candidates[start]
+    best_load = best.load.in_flight
+    for k in range(1, n):
+        b = candidates[(start + k) % n]
+        if b.load.in_flight < best_load:
+            best, best_load = b, b.load.in_flight
+    return best
+
+
+class LeastRequestsPicker(PluginBase):
+    type = "least-requests-picker"
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(name)
+        self._rotation = Rotation()
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        if req.explain:
+            for b in candidates:
+                req.note(b.id, "in_flight", b.load.in_flight)
+        return least_in_flight(candidates, self._rotation.start(len(candidates)))
+
+
+class PowerOfTwoPicker(PluginBase):
+    """Two random candidates, the one with fewer requests in flight (first sampled on a tie)."""
+
+    type = "power-of-two-picker"
+
+    def __init__(self, seed: int | None = None, name: str = "") -> None:
+        super().__init__(name)
+        self._rng = random.Random(seed)
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        n = len(candidates)
+        if n == 1:
+            return candidates[0]
+        i, j = self._rng.sample(range(n), 2)
+        a, b = candidates[i], candidates[j]
+        if req.explain:
+            req.note(a.id, "in_flight", a.load.in_flight)
+            req.note(b.id, "in_flight", b.load.in_flight)
+        return b if b.load.in_flight < a.load.in_flight else a

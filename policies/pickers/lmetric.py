@@ -1,0 +1,59 @@
+"""LMetric (seed 002, REFERENCE §5): score = P_tokens x BS, lowest wins.
+
+- P_tokens = the backend's pending prefill tokens (proxy accounting) + this request's
+  uncached tokens there (prefix index): implicit soft affinity, since a backend holding the
+  prefix has less to prefill;
+- BS = running + waiting requests (`Backend.batch_size`: the proxy's in-flight count
+  reconciled with the scraped running + waiting, the larger wins).
+
+The product is 0 whenever BS is 0, so ties are common; they are broken deterministically by
+fewer uncached tokens (prefer cache), then fewer requests (prefer idle), then a rotating
+start index (so cold sessions spread instead of all landing on the first backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleet.types import Backend
+from policies.pickers.rotation import Rotation
+from policies.plugin import RoutingServices, SchedulingRequest
+from policies.plugin_base import PluginBase
+
+
+def lmetric_argmin(req: SchedulingRequest, candidates: Sequence[Backend], start: int) -> Backend:
+    """The LMetric choice among non-empty `candidates`, ties going to the first from `start`."""
+    n = len(candidates)
+    best: Backend | None = None
+    best_key: tuple[float, int, float] = (0.0, 0, 0.0)
+    explain = req.explain
+    for k in range(n):
+        b = candidates[(start + k) % n]
+        uncached = req.uncached_tokens(b.id)
+        p_tokens = b.load.pending_prefill_tokens + uncached
+        bs = b.batch_size
+        key = (p_tokens * bs, uncached, bs)
+        if explain:
+            req.note(b.id, "p_tokens", p_tokens)
+            req.note(b.id, "bs", bs)
+            req.note(b.id, "lmetric", p_tokens * bs)
+            req.note(b.id, "uncached_tokens", uncached)
+        if best is None or key < best_key:
+            best, best_key = b, key
+    assert best is not None
+    return best
+
+
+class LMetricPicker(PluginBase):
+    type = "lmetric-picker"
+
+    def __init__(self, services: RoutingServices, name: str = "") -> None:
+        super().__init__(name)
+        services.use_prefix_index()
+        self._rotation = Rotation()
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        req.reasons.append("lmetric")
+        return lmetric_argmin(req, candidates, self._rotation.start(len(candidates)))

@@ -1,0 +1,59 @@
+"""Pickers that use the profile's weighted scores."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from fleet.types import Backend
+from policies.plugin import SchedulingRequest
+from policies.plugin_base import PluginBase
+
+
+class MaxScorePicker(PluginBase):
+    """The highest total; ties are broken at random (as the EPP does) so they spread."""
+
+    type = "max-score-picker"
+
+    def __init__(self, seed: int | None = None, name: str = "") -> None:
+        super().__init__(name)
+        self._rng = random.Random(seed)
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        best = max(totals)
+        tied = [i for i, t in enumerate(totals) if t >= best - 1e-12]
+        i = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        return candidates[i]
+
+
+class RandomPicker(PluginBase):
+    type = "random-picker"
+
+    def __init__(self, seed: int | None = None, name: str = "") -> None:
+        super().__init__(name)
+        self._rng = random.Random(seed)
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        return candidates[self._rng.randrange(len(candidates))]
+
+
+class WeightedRandomPicker(PluginBase):
+    """Lottery scheduling: the chance of a backend is its total over the sum of totals."""
+
+    type = "weighted-random-picker"
+
+    def __init__(self, seed: int | None = None, name: str = "") -> None:
+        super().__init__(name)
+        self._rng = random.Random(seed)
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        weights = [max(0.0, t) for t in totals]
+        if sum(weights) <= 0.0:
+            return candidates[self._rng.randrange(len(candidates))]
+        return self._rng.choices(candidates, weights=weights)[0]

@@ -1,0 +1,148 @@
+"""Contracts of the Filter -> Score -> Pick framework (seed 001) and the per-request state.
+
+A scheduling profile runs its filters in order, sums `weight x score` over its scorers (each
+score in [0, 1], higher is better) and hands the totals to one picker. A profile handler
+decides which profiles run and turns their picks into a `Decision`. A whole algorithm (LMetric,
+the hybrid, Autellix) is a picker that looks at backend state itself.
+
+Optional plugin capabilities are found by shape, never by class:
+- `on_picked(req, decision)`: the scheduler settled on `decision` (record affinities here);
+- `on_finish(ctx, decision)`, `on_backend_removed(backend_id)`, `end_program(program_id)`,
+  `stats()`: forwarded from the policy seam of `policies/base.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleet.prefix import PrefixIndex, PrefixMatch
+from fleet.types import Backend
+from policies.base import Decision, RequestContext
+
+_NO_MATCH = PrefixMatch(0, {}, 1)
+
+# (extension point, plugin type, plugin name, seconds) -> None: plugin latency sink.
+PluginTimer = Callable[[str, str, str, float], None]
+
+
+class RoutingServices:
+    """What plugins of one routing configuration share: the prefix index, built on first use
+    so that configurations without prefix-aware plugins never hash prompts."""
+
+    def __init__(self, chars_per_block: int, default_capacity_blocks: int) -> None:
+        self._chars_per_block = chars_per_block
+        self._default_capacity = default_capacity_blocks
+        self.prefix_index: PrefixIndex | None = None
+
+    def use_prefix_index(self) -> PrefixIndex:
+        if self.prefix_index is None:
+            self.prefix_index = PrefixIndex(self._chars_per_block, self._default_capacity)
+        return self.prefix_index
+
+
+@dataclass(slots=True)
+class SchedulingRequest:
+    """One scheduling cycle: the request, the clock reading and values computed once per cycle."""
+
+    ctx: RequestContext
+    now: float
+    services: RoutingServices
+    explain: bool = False
+    receipt: dict[str, dict[str, float]] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    timer: PluginTimer | None = None
+    _hashes: list[int] | None = None
+    _match: PrefixMatch | None = None
+
+    def note(self, backend_id: str, key: str, value: float) -> None:
+        """Record a named score for the decision receipt (only when explaining)."""
+        entry = self.receipt.get(backend_id)
+        if entry is None:
+            entry = self.receipt[backend_id] = {}
+        entry[key] = value
+
+    def hashes(self) -> list[int]:
+        if self._hashes is None:
+            index = self.services.prefix_index
+            self._hashes = (
+                [] if index is None else index.hashes(self.ctx.prompt_text, self.ctx.model)
+            )
+        return self._hashes
+
+    def prefix(self) -> PrefixMatch:
+        if self._match is None:
+            index = self.services.prefix_index
+            self._match = _NO_MATCH if index is None else index.match(self.hashes())
+        return self._match
+
+    def cached_chars(self, backend_id: str) -> int:
+        match = self.prefix()
+        return match.blocks(backend_id) * match.chars_per_block
+
+    def cache_ratio(self, backend_id: str) -> float:
+        """Share of the prompt this backend is believed to hold in its prefix cache."""
+        n = len(self.ctx.prompt_text)
+        return 0.0 if n == 0 else min(1.0, self.cached_chars(backend_id) / n)
+
+    def uncached_tokens(self, backend_id: str) -> int:
+        """Prompt tokens this backend would still have to prefill (prompt_tokens scaled by the
+        uncached share of the text, so it holds whichever token counter filled prompt_tokens)."""
+        tokens = self.ctx.prompt_tokens
+        n = len(self.ctx.prompt_text)
+        if n == 0:
+            return tokens
+        cached = self.cached_chars(backend_id)
+        if cached == 0:
+            return tokens
+        return max(0, round(tokens * (n - min(cached, n)) / n))
+
+
+class Filter(Protocol):
+    name: str
+    type: str
+
+    def filter(
+        self, req: SchedulingRequest, candidates: Sequence[Backend]
+    ) -> Sequence[Backend]: ...
+
+
+class Scorer(Protocol):
+    name: str
+    type: str
+
+    def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
+        """One score in [0, 1] per candidate, in order; higher is better."""
+        ...
+
+
+class Picker(Protocol):
+    name: str
+    type: str
+
+    def pick(
+        self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
+    ) -> Backend:
+        """Choose one of the non-empty `candidates`; `totals` are the profile's weighted sums."""
+        ...
+
+
+class ProfileRunner(Protocol):
+    name: str
+
+    def run(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> Backend | None: ...
+
+
+class ProfileHandler(Protocol):
+    name: str
+    type: str
+
+    def handle(
+        self,
+        req: SchedulingRequest,
+        candidates: Sequence[Backend],
+        profiles: Mapping[str, ProfileRunner],
+    ) -> Decision:
+        """Run the profiles this request needs and merge their picks; raise NoCandidate."""
+        ...

@@ -1,0 +1,144 @@
+"""The policy the proxy holds: a profile handler over named profiles, plus the shared services.
+
+`pick` is pure routing (no I/O, no await). After a decision it records what the fleet will now
+hold (the prompt's blocks in the prefix index of the chosen backends, sized from their
+`cache_config_info`) and lets plugins with an `on_picked` hook remember affinities. The other
+hooks of the policy seam fan out to every plugin that has them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from fleet.prefix import capacity_from_cache_config
+from fleet.types import Backend
+from policies.base import Decision, NoCandidate, RequestContext
+from policies.metrics import SchedulerMetrics
+from policies.plugin import ProfileHandler, ProfileRunner, RoutingServices, SchedulingRequest
+
+
+class Scheduler:
+    def __init__(
+        self,
+        name: str,
+        profiles: Mapping[str, ProfileRunner],
+        handler: ProfileHandler,
+        services: RoutingServices,
+        plugins: Sequence[object],
+        explain_all: bool = False,
+    ) -> None:
+        self.name = name
+        self.profiles = dict(profiles)
+        self.handler = handler
+        self.services = services
+        self.plugins = tuple(plugins)
+        self.explain_all = explain_all
+        self._picked_hooks = [p for p in self.plugins if hasattr(p, "on_picked")]
+        self._metrics: SchedulerMetrics | None = None
+        self._pools: dict[str, Sequence[Backend]] = {}  # model -> last candidates seen
+        self.decisions = 0
+        self.failures = 0
+
+    def pick(self, ctx: RequestContext, candidates: Sequence[Backend], now: float) -> Decision:
+        metrics = self._metrics
+        t0 = time.perf_counter() if metrics else 0.0
+        req = SchedulingRequest(
+            ctx=ctx,
+            now=now,
+            services=self.services,
+            explain=ctx.debug or self.explain_all,
+            timer=metrics.observe_plugin if metrics else None,
+        )
+        self._pools[ctx.model] = candidates
+        try:
+            if not candidates:
+                raise NoCandidate(f"no backend serves {ctx.model!r}")
+            decision = self.handler.handle(req, candidates, self.profiles)
+        except NoCandidate:
+            self.failures += 1
+            if metrics:
+                metrics.attempt("failure", ctx.model, None)
+            raise
+        if req.explain:
+            decision.scores = req.receipt
+        if req.reasons and not decision.reason:
+            decision.reason = "; ".join(req.reasons)
+        self._record(req, decision)
+        for plugin in self._picked_hooks:
+            plugin.on_picked(req, decision)
+        self.decisions += 1
+        if metrics:
+            metrics.attempt("success", ctx.model, decision.target)
+            metrics.e2e.observe(time.perf_counter() - t0)
+        return decision
+
+    def _record(self, req: SchedulingRequest, decision: Decision) -> None:
+        index = self.services.prefix_index
+        if index is None:
+            return
+        hashes = req.hashes()
+        if self._metrics and hashes:
+            ratio = req.prefix().ratio(decision.target.id)
+            self._metrics.hit_ratio.observe(ratio)
+            self._metrics.hit_bytes.observe(req.cached_chars(decision.target.id))
+        for backend in (decision.target, decision.prefill):
+            if backend is None:
+                continue
+            snap = backend.snapshot
+            if snap is not None and snap.metrics.block_size and snap.metrics.num_gpu_blocks:
+                blocks = capacity_from_cache_config(
+                    snap.metrics.block_size, snap.metrics.num_gpu_blocks, index.chars_per_block
+                )
+                if blocks != index.capacity(backend.id):
+                    index.set_capacity(backend.id, blocks)
+            index.record(backend.id, hashes)
+
+    # Hooks of the policy seam (policies/base.py), found by shape by the proxy.
+
+    def on_finish(self, ctx: RequestContext, decision: Decision) -> None:
+        for plugin in self.plugins:
+            hook = getattr(plugin, "on_finish", None)
+            if hook is not None:
+                hook(ctx, decision)
+
+    def on_backend_removed(self, backend_id: str) -> None:
+        if self.services.prefix_index is not None:
+            self.services.prefix_index.remove_backend(backend_id)
+        for plugin in self.plugins:
+            hook = getattr(plugin, "on_backend_removed", None)
+            if hook is not None:
+                hook(backend_id)
+        for model, pool in list(self._pools.items()):
+            self._pools[model] = [b for b in pool if b.id != backend_id]
+
+    def end_program(self, program_id: str) -> bool:
+        ended = False
+        for plugin in self.plugins:
+            hook = getattr(plugin, "end_program", None)
+            if hook is not None and hook(program_id):
+                ended = True
+        return ended
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        self._metrics = SchedulerMetrics(
+            registry, lambda: self._pools, lambda: self.services.prefix_index
+        )
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "policy": self.name,
+            "decisions": self.decisions,
+            "failures": self.failures,
+        }
+        index = self.services.prefix_index
+        if index is not None:
+            out["prefix_index_blocks"] = index.size()
+        for plugin in self.plugins:
+            hook = getattr(plugin, "stats", None)
+            if hook is not None:
+                out[getattr(plugin, "name", type(plugin).__name__)] = hook()
+        return out

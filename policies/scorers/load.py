@@ -1,0 +1,67 @@
+"""Load scorers: queue depth, KV-cache utilisation, running requests, token load.
+
+Each reads the larger of the proxy's own live accounting and the last scrape, so a burst the
+scraper has not seen yet still counts, and so does load that other clients put on the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from fleet.types import Backend
+from policies.metrics import kv_usage, queue_size, running_size
+from policies.plugin import SchedulingRequest
+from policies.plugin_base import PluginBase
+from policies.scorers.normalize import inverse_min_max
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QueueDepthScorer(PluginBase):
+    """Shorter queue (waiting requests, or dispatched ones without a first token) scores higher."""
+
+    type = "queue-depth-scorer"
+
+    def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
+        return inverse_min_max([queue_size(b) for b in candidates])
+
+
+class KvCacheUtilizationScorer(PluginBase):
+    """1 - KV-cache usage (0 when the backend has not been scraped yet)."""
+
+    type = "kv-cache-utilization-scorer"
+
+    def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
+        return [1.0 - min(1.0, max(0.0, kv_usage(b))) for b in candidates]
+
+
+class RunningRequestsScorer(PluginBase):
+    """Fewer running (decoding) requests score higher."""
+
+    type = "running-requests-size-scorer"
+
+    def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
+        return inverse_min_max([running_size(b) for b in candidates])
+
+
+def token_load(b: Backend) -> float:
+    """Tokens the engine holds or must still prefill: pending prefill tokens (our accounting)
+    plus KV tokens in use, when the backend publishes its cache size."""
+    load = float(b.load.pending_prefill_tokens)
+    if b.snapshot is None:
+        return load
+    m = b.snapshot.metrics
+    if m.block_size and m.num_gpu_blocks:
+        load += m.kv_usage * m.block_size * m.num_gpu_blocks
+    return load
+
+
+class TokenLoadScorer(PluginBase):
+    type = "token-load-scorer"
+
+    def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
+        return inverse_min_max([token_load(b) for b in candidates])

@@ -1,0 +1,23 @@
+"""Prefix-cache scorer: the share of the prompt's blocks the backend is believed to hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleet.types import Backend
+from policies.plugin import RoutingServices, SchedulingRequest
+from policies.plugin_base import PluginBase
+
+
+class PrefixCacheScorer(PluginBase):
+    """score = leading matched blocks / total blocks (llm-d's approximate prefix scorer)."""
+
+    type = "prefix-cache-scorer"
+
+    def __init__(self, services: RoutingServices, name: str = "") -> None:
+        super().__init__(name)
+        services.use_prefix_index()
+
+    def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
+        match = req.prefix()
+        return [match.ratio(b.id) for b in candidates]

@@ -1,0 +1,105 @@
+"""The app factory: `create_app(settings)` builds one proxy; nothing happens at import time.
+
+The OpenAI generation endpoints are served by a raw ASGI handler (proxy/forward.py) placed in
+front of the FastAPI app; FastAPI serves the control plane (health, readiness, models, admin,
+metrics, docs) where its conveniences cost nothing that matters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_fastapi_instrumentator import Instrumentator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fleet.clock import Clock
+from proxy.admin import admin_router
+from proxy.core import ProxyCore
+from proxy.forward import HOT_ROUTES, Forwarder, Receive, Scope, Send
+from proxy.settings import Settings
+
+log = logging.getLogger("fleet_proxy")
+
+
+class FleetProxyApp:
+    """ASGI entry point: hot OpenAI POSTs to the Forwarder, everything else to FastAPI."""
+
+    def __init__(self, core: ProxyCore, control: FastAPI) -> None:
+        self.core = core
+        self.control = control
+        self.forwarder = Forwarder(core)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in HOT_ROUTES:
+            await self.forwarder(scope, receive, send)
+            return
+        await self.control(scope, receive, send)
+
+
+def _openai_error(status: int, message: str, type_: str) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"message": message, "type": type_, "param": None, "code": status}},
+    )
+
+
+def create_app(settings: Settings, clock: Clock | None = None) -> FleetProxyApp:
+    core = ProxyCore(settings, clock)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await core.start()
+        try:
+            yield
+        finally:
+            await core.stop()
+
+    control = FastAPI(title="fleet-proxy", lifespan=lifespan)
+
+    @control.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        if exc.status_code == 401:
+            kind = "authentication_error"
+        return _openai_error(exc.status_code, str(exc.detail), kind)
+
+    @control.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        return _openai_error(400, "; ".join(parts), "invalid_request_error")
+
+    @control.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @control.get("/ready")
+    async def ready() -> JSONResponse:
+        routable = core.fleet.routable(core.clock.now())
+        if routable:
+            return JSONResponse({"ready": True, "backends": len(routable)})
+        return JSONResponse(
+            status_code=503,
+            content={"ready": False, "backends": 0},
+            headers={"retry-after": "1"},
+        )
+
+    @control.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "owned_by": "fleet-proxy"}
+                for m in core.fleet.models(core.clock.now())
+            ],
+        }
+
+    control.include_router(admin_router(core))
+    Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
+    control.state.core = core
+    return FleetProxyApp(core, control)

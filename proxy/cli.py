@@ -1,0 +1,120 @@
+"""`fleet-proxy`: serve, demo, and the simulator and benchmark subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy.settings import ConfigError, Settings, load_settings
+
+
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the proxy in front of vLLM backends")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        dest="backends",
+        metavar="URL",
+        help="a vLLM server's base URL; repeat for each backend",
+    )
+    p.add_argument("--policy", help="routing policy name (default least_requests)")
+    p.add_argument("--config", type=Path, help="YAML settings file")
+    p.add_argument("--admin-token", help="protect the /admin API with this token")
+    p.add_argument("--log-level", help="critical|error|warning|info|debug")
+
+
+def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def build_settings(args: argparse.Namespace) -> Settings:
+    overrides = _overrides(args, ["host", "port", "backends", "policy", "admin_token", "log_level"])
+    return load_settings(overrides, args.config)
+
+
+def banner(settings: Settings, port: int) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    base = f"http://{host}:{port}/v1"
+    return (
+        f"fleet-proxy listening: base_url = {base}\n"
+        f"try:  curl -s {base}/models\n"
+        f"      curl -s {base}/completions -H 'content-type: application/json' "
+        '-d \'{"model": "<model>", "prompt": "Hello", "max_tokens": 16}\''
+    )
+
+
+def run_serve(settings: Settings) -> int:
+    import uvicorn
+
+    from policies.registry import UnknownPolicy
+    from proxy.app import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app = create_app(settings)
+    except (UnknownPolicy, ValueError) as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 2
+    if not settings.backends:
+        logging.getLogger("fleet_proxy").warning(
+            "no backends configured: add them with --backend URL or POST /admin/backends"
+        )
+    print(banner(settings, settings.port), flush=True)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level=settings.log_level,
+        backlog=4096,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The simulator and benchmark own their flags; hand them the rest of the line untouched.
+    if argv and argv[0] == "sim":
+        from simulator.cli import main as sim_main
+
+        return sim_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from proxy.demo import main as demo_main
+
+        return demo_main(argv[1:])
+
+    parser = argparse.ArgumentParser(
+        prog="fleet-proxy", description="OpenAI-compatible router for vLLM fleets"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    sub.add_parser("demo", help="a simulated vLLM fleet plus the proxy, in one command")
+    sub.add_parser("sim", help="run simulated vLLM engines (see `fleet-proxy sim --help`)")
+    sub.add_parser("bench", help="replay a workload against a base_url (`fleet-proxy bench -h`)")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        try:
+            settings = build_settings(args)
+        except ConfigError as e:
+            print(f"fleet-proxy: {e}", file=sys.stderr)
+            return 2
+        return run_serve(settings)
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

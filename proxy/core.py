@@ -1,0 +1,92 @@
+"""Everything one proxy instance owns, built by `create_app` and started in its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import aiohttp
+import httpx
+from prometheus_client import CollectorRegistry
+
+from fleet.clock import Clock, SystemClock
+from fleet.registry import FleetRegistry
+from fleet.scrape import Scraper
+from policies.base import Policy
+from policies.registry import build_policy, build_routing
+from proxy.live import LiveTable
+from proxy.metrics import BackendStateCollector, RouterMetrics
+from proxy.settings import Settings
+
+log = logging.getLogger("fleet_proxy")
+
+
+def make_policy(settings: Settings) -> Policy:
+    if settings.routing is not None:
+        return build_routing(settings.routing)
+    return build_policy(settings.policy)
+
+
+class ProxyCore:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self.fleet = FleetRegistry(stale_after=settings.stale_after)
+        for spec in settings.backend_specs():
+            self.fleet.add(spec)
+        self.policy = make_policy(settings)
+        self.live = LiveTable()
+        self.prom = CollectorRegistry(auto_describe=True)
+        self.metrics = RouterMetrics(self.prom)
+        self.prom.register(BackendStateCollector(self.fleet, self.clock))
+        bind = getattr(self.policy, "bind_metrics", None)
+        if callable(bind):
+            bind(self.prom)
+        removed = getattr(self.policy, "on_backend_removed", None)
+        if callable(removed):
+            self.fleet.on_removed(removed)
+        self.session: aiohttp.ClientSession | None = None
+        self.control: httpx.AsyncClient | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    async def start(self) -> None:
+        s = self.settings
+        connector = aiohttp.TCPConnector(
+            limit=s.max_connections, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            # Relay bytes exactly as the backend sent them.
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=s.connect_timeout, sock_read=s.read_timeout
+            ),
+            skip_auto_headers=("User-Agent",),
+        )
+        self.control = httpx.AsyncClient(
+            timeout=s.scrape_timeout, limits=httpx.Limits(max_connections=256)
+        )
+        scraper = Scraper(
+            self.fleet,
+            self.control,
+            self.clock,
+            interval=s.scrape_interval,
+            health_interval=s.health_interval,
+            models_interval=s.models_interval,
+            timeout=s.scrape_timeout,
+        )
+        self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.session is not None:
+            await self.session.close()
+        if self.control is not None:
+            await self.control.aclose()

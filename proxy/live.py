@@ -1,0 +1,55 @@
+"""The live-request table: what the proxy knows about every request in flight.
+
+It keeps what a continuation on another backend needs (the parsed body with the prompt and
+sampling parameters, and the raw stream so far) without parsing chunks on the hot path:
+chunks are kept as the bytes objects already received and decoded only when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True, eq=False)
+class LiveRequest:
+    request_id: str
+    endpoint: str
+    model: str
+    body: dict[str, Any]
+    stream: bool
+    prompt_tokens: int  # estimate charged to pending prefill
+    backend_id: str = ""
+    started_at: float = 0.0
+    dispatched_at: float = 0.0
+    first_token_at: float | None = None
+    events: int = 0  # SSE data events relayed; about one token each on vLLM
+    attempts: int = 0
+    chunks: list[bytes] = field(default_factory=list)
+
+    def stream_bytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class LiveTable:
+    def __init__(self) -> None:
+        self._requests: dict[str, LiveRequest] = {}
+
+    def add(self, req: LiveRequest) -> None:
+        self._requests[req.request_id] = req
+
+    def remove(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def get(self, request_id: str) -> LiveRequest | None:
+        return self._requests.get(request_id)
+
+    def __iter__(self) -> Iterator[LiveRequest]:
+        return iter(list(self._requests.values()))
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def on_backend(self, backend_id: str) -> list[LiveRequest]:
+        return [r for r in self._requests.values() if r.backend_id == backend_id]

@@ -1,0 +1,120 @@
+"""The router's own Prometheus metrics, in the app's registry (no process-global registry).
+
+Per-backend state is exported by a collector that reads it at scrape time, so the hot path
+pays nothing for it; the hot path only bumps pre-bound counters and histograms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fleet.clock import Clock
+from fleet.registry import FleetRegistry
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "fleet_proxy_requests",
+            "Requests answered by the proxy, by endpoint and HTTP status",
+            ["endpoint", "status"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "fleet_proxy_retries",
+            "Requests sent again to another backend before their first byte",
+            ["reason"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "fleet_proxy_upstream_errors",
+            "Failures talking to a backend",
+            ["backend", "kind"],
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "fleet_proxy_client_disconnects",
+            "Requests whose client went away before the end; the backend request was closed",
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "fleet_proxy_time_to_first_byte_seconds",
+            "From request arrival to the first body byte relayed",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "fleet_proxy_request_duration_seconds",
+            "From request arrival to the last byte relayed",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._request_children: dict[tuple[str, int], Callable[[], None]] = {}
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        inc = self._request_children.get((endpoint, status))
+        if inc is None:
+            inc = self.requests.labels(endpoint, str(status)).inc
+            self._request_children[(endpoint, status)] = inc
+        inc()
+
+
+class BackendStateCollector(Collector):
+    """Exports each backend's accounting and last scrape when Prometheus asks."""
+
+    def __init__(self, fleet: FleetRegistry, clock: Clock) -> None:
+        self.fleet = fleet
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock.now()
+        labels = ["backend", "role"]
+        fams = {
+            "in_flight": GaugeMetricFamily(
+                "fleet_proxy_backend_in_flight", "Requests in flight via this proxy", labels=labels
+            ),
+            "pending": GaugeMetricFamily(
+                "fleet_proxy_backend_pending_prefill_tokens",
+                "Prompt tokens dispatched and not yet past their first token",
+                labels=labels,
+            ),
+            "decodes": GaugeMetricFamily(
+                "fleet_proxy_backend_running_decodes",
+                "Requests past their first token",
+                labels=labels,
+            ),
+            "healthy": GaugeMetricFamily(
+                "fleet_proxy_backend_healthy", "1 when the last health check passed", labels=labels
+            ),
+            "routable": GaugeMetricFamily(
+                "fleet_proxy_backend_routable",
+                "1 when healthy, not draining and its scrape is fresh",
+                labels=labels,
+            ),
+            "age": GaugeMetricFamily(
+                "fleet_proxy_backend_snapshot_age_seconds",
+                "Age of the last successful /metrics scrape",
+                labels=labels,
+            ),
+        }
+        for b in self.fleet:
+            lv = [b.id, b.role.value]
+            fams["in_flight"].add_metric(lv, b.load.in_flight)
+            fams["pending"].add_metric(lv, b.load.pending_prefill_tokens)
+            fams["decodes"].add_metric(lv, b.load.running_decodes)
+            fams["healthy"].add_metric(lv, 1.0 if b.healthy else 0.0)
+            fams["routable"].add_metric(lv, 1.0 if b.routable(now, self.fleet.stale_after) else 0.0)
+            if b.snapshot is not None:
+                fams["age"].add_metric(lv, b.snapshot.age(now))
+        yield from fams.values()

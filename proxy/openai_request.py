@@ -1,0 +1,96 @@
+"""Validation of an OpenAI request body and what routing needs from it, in one pass.
+
+Only the fields the proxy relies on are checked (model, prompt/messages, stream); every other
+field, vLLM's own included, goes to the backend untouched as the original bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.errors import ProxyError
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise ProxyError(400, "The request body is empty; expected a JSON object.")
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ProxyError(400, f"The request body is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ProxyError(400, "The request body must be a JSON object.")
+    return parsed
+
+
+def require_model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if model is None:
+        raise ProxyError(400, "you must provide a model parameter", param="model")
+    if not isinstance(model, str) or not model:
+        raise ProxyError(400, "'model' must be a non-empty string", param="model")
+    return model
+
+
+def completion_prompt(body: dict[str, Any]) -> tuple[str, int | None]:
+    """The prompt as text for prefix hashing, and its token count when given as token ids."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise ProxyError(400, "'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt), None
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            # Token ids: a stable text form keeps prefix hashing meaningful.
+            return " ".join(map(str, prompt)), len(prompt)
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            flat = [t for p in prompt for t in p]
+            return " ".join(map(str, flat)), len(flat)
+    raise ProxyError(
+        400,
+        "'prompt' must be a string, a list of strings, a list of token ids "
+        "or a list of lists of token ids",
+        param="prompt",
+    )
+
+
+def chat_prompt(body: dict[str, Any]) -> str:
+    """Messages serialized in order (role, then content text) for prefix hashing."""
+    messages = body.get("messages")
+    if messages is None:
+        raise ProxyError(400, "'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise ProxyError(400, "'messages' must be a non-empty list", param="messages")
+    parts: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ProxyError(400, f"'messages[{i}]' must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise ProxyError(
+                400, f"'messages[{i}].role' must be a string", param=f"messages[{i}].role"
+            )
+        parts.append(role)
+        parts.append(":")
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for piece in content:
+                if isinstance(piece, dict) and isinstance(piece.get("text"), str):
+                    parts.append(piece["text"])
+        parts.append("\n")
+    return "".join(parts)
+
+
+def is_stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream", False)
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise ProxyError(400, "'stream' must be a boolean", param="stream")
+    return stream

@@ -1,0 +1,152 @@
+"""Settings from (highest first) command-line flags, FLEET_PROXY_* environment, a YAML file.
+
+An invalid value stops start-up with a message naming the field (see `format_errors`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from fleet.registry import default_backend_id
+from fleet.types import BackendSpec, Role
+
+
+class BackendConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    id: str | None = None
+    role: Role = Role.BOTH
+    node: str = ""
+    unit: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Normally learned from the backend's /v1/models; set to pin them.
+    models: list[str] = Field(default_factory=list)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
+        if v.endswith("/v1"):
+            v = v[: -len("/v1")]
+        return v
+
+    def to_spec(self) -> BackendSpec:
+        return BackendSpec(
+            id=self.id or default_backend_id(self.url),
+            url=self.url,
+            role=self.role,
+            node=self.node,
+            unit=self.unit,
+            labels=dict(self.labels),
+            models=tuple(self.models),
+        )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_PROXY_", extra="forbid", env_nested_delimiter="__"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    backends: list[BackendConfig] = Field(default_factory=list)
+    policy: str = "least_requests"
+    # The YAML form of routing (plugins and profiles); overrides `policy` when given.
+    routing: dict[str, Any] | None = None
+    admin_token: SecretStr | None = None
+
+    scrape_interval: float = Field(0.2, gt=0)
+    health_interval: float = Field(1.0, gt=0)
+    models_interval: float = Field(10.0, gt=0)
+    scrape_timeout: float = Field(1.0, gt=0)
+    stale_after: float = Field(2.0, gt=0, description="seconds before a snapshot is stale")
+
+    connect_timeout: float = Field(5.0, gt=0)
+    read_timeout: float = Field(600.0, gt=0, description="max silence from a backend")
+    max_attempts: int = Field(3, ge=1, le=10, description="tries before the first byte")
+    max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    max_connections: int = Field(2048, ge=1)
+    chars_per_token: float = Field(4.0, gt=0)
+    log_level: str = "info"
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _urls_as_backends(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [u for u in v.replace(",", " ").split() if u]
+        if isinstance(v, list):
+            return [{"url": item} if isinstance(item, str) else item for item in v]
+        return v
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.lower()
+        if v not in ("critical", "error", "warning", "info", "debug"):
+            raise ValueError("log_level must be one of critical, error, warning, info, debug")
+        return v
+
+    def backend_specs(self) -> list[BackendSpec]:
+        specs = [b.to_spec() for b in self.backends]
+        seen: set[str] = set()
+        for s in specs:
+            if s.id in seen:
+                raise ValueError(f"backends: duplicate backend id {s.id!r}")
+            seen.add(s.id)
+        return specs
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_settings(
+    overrides: dict[str, Any] | None = None, config_file: Path | None = None
+) -> Settings:
+    """Build Settings; raises ConfigError with one line per bad field."""
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file not found: {config_file}")
+
+    class _FileSettings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+            if config_file is not None:
+                sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
+            return sources
+
+    try:
+        settings: Settings = _FileSettings(**(overrides or {}))
+        settings.backend_specs()
+    except ValidationError as e:
+        raise ConfigError(format_errors(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return settings
+
+
+def format_errors(error: ValidationError) -> str:
+    lines = ["invalid settings:"]
+    for err in error.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(settings)"
+        lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""The proxy on a real socket in front of fake vLLM backends on real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.servers import fast_settings, running_proxy
+
+
+@pytest.fixture
+async def two_backends() -> AsyncIterator[list[FakeBackend]]:
+    backends = [FakeBackend(), FakeBackend()]
+    for b in backends:
+        await b.start()
+    yield backends
+    for b in backends:
+        await b.stop()
+
+
+async def test_completion_passes_body_untouched_and_tags_response(two_backends):
+    settings = fast_settings([b.url for b in two_backends], policy="round_robin")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {
+            "model": "fake-model",
+            "prompt": "hello",
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "kv_transfer_params": {"do_remote_decode": False},
+            "return_token_ids": True,
+        }
+        r = await c.post("/v1/completions", json=body, headers={"x-request-id": "abc-1"})
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["text"].startswith("t0")
+        assert r.headers["x-request-id"] == "abc-1"
+        chosen = r.headers["x-fleet-backend"]
+        served = [b for b in two_backends if b.url.endswith(chosen)]
+        assert len(served) == 1
+        seen = served[0].seen[-1]
+        assert seen.body == body
+        assert seen.headers["x-request-id"] == "abc-1"
+
+
+async def test_round_robin_spreads_and_models_are_listed(two_backends):
+    settings = fast_settings([b.url for b in two_backends], policy="round_robin")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        used = set()
+        for _ in range(4):
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            used.add(r.headers["x-fleet-backend"])
+        assert len(used) == 2
+        models = (await c.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["fake-model"]
+
+
+async def test_streaming_relays_every_event_in_order(two_backends):
+    for b in two_backends:
+        b.behaviour = Behaviour(chunks=64)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+                "stream": True, "stream_options": {"include_usage": True}}
+        events = []
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        assert events[-1] == "[DONE]"
+        contents = [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:64]]
+        assert contents == [f"t{i} " for i in range(64)]
+        assert json.loads(events[64])["usage"]["completion_tokens"] == 64
+
+
+async def test_streaming_chunks_arrive_before_the_stream_ends(two_backends):
+    """Relayed as they come: the first event is read while the backend is still generating."""
+    for b in two_backends:
+        b.behaviour = Behaviour(chunks=5, chunk_delay=0.3)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {"model": "fake-model", "prompt": "x", "stream": True}
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.aiter_lines()
+            first = await anext(lines)
+            assert first.startswith("data: ")
+            # The backend has produced one event and is sleeping: it is still mid-request.
+            assert sum(b.active for b in two_backends) == 1
+
+
+async def test_client_disconnect_cancels_upstream_request(two_backends):
+    for b in two_backends:
+        b.behaviour = Behaviour(chunks=100, chunk_delay=0.05)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, app):
+        async with httpx.AsyncClient(base_url=url) as c:
+            body = {"model": "fake-model", "prompt": "x", "stream": True}
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.aiter_lines()
+                await anext(lines)
+                assert sum(b.active for b in two_backends) == 1
+        # Leaving the block closed the connection mid-stream.
+        for _ in range(100):
+            if sum(b.active for b in two_backends) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert sum(b.active for b in two_backends) == 0
+        assert sum(b.cancelled for b in two_backends) == 1
+        assert len(app.core.live) == 0
+        assert all(b.load.in_flight == 0 for b in app.core.fleet)
+
+
+async def test_5xx_before_first_byte_is_retried_on_another_backend(two_backends):
+    bad, good = two_backends
+    bad.behaviour = Behaviour(fail_status=503)
+    settings = fast_settings([bad.url, good.url], policy="round_robin")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        for _ in range(4):
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            assert r.status_code == 200
+            assert good.url.endswith(r.headers["x-fleet-backend"])
+        metrics = (await c.get("/metrics")).text
+        assert 'fleet_proxy_retries_total{reason="status"}' in metrics
+
+
+async def test_connect_error_is_retried_and_backend_marked_down(two_backends):
+    dead, good = two_backends
+    settings = fast_settings([dead.url, good.url], policy="round_robin")
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
+        await dead.stop()
+        for _ in range(3):
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            assert r.status_code == 200
+            assert good.url.endswith(r.headers["x-fleet-backend"])
+        backend = app.core.fleet.get(dead.url.split("//")[1])
+        assert backend is not None and not backend.healthy
+
+
+async def test_all_backends_failing_gives_502_naming_them(two_backends):
+    for b in two_backends:
+        b.behaviour = Behaviour(fail_status=500)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert r.status_code == 502
+        err = r.json()["error"]
+        assert "2 attempt(s)" in err["message"]
+        assert err["type"] == "upstream_error"
+
+
+async def test_backend_4xx_is_relayed_not_retried(two_backends):
+    for b in two_backends:
+        b.behaviour = Behaviour(fail_status=400)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "injected"
+        assert sum(len(b.seen) for b in two_backends) == 1
+
+
+async def test_death_mid_stream_ends_with_error_event_and_no_duplicates(two_backends):
+    for b in two_backends:
+        b.behaviour = Behaviour(chunks=10, die_after_chunks=3)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {"model": "fake-model", "prompt": "x", "stream": True}
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            events = [ln[6:] async for ln in r.aiter_lines() if ln.startswith("data: ")]
+        texts = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+        assert texts == ["t0 ", "t1 ", "t2 "]
+        assert json.loads(events[-1])["error"]["type"] == "upstream_error"
+        assert sum(len(b.seen) for b in two_backends) == 1  # not retried after the first byte
+
+
+async def test_forwarded_by_model_endpoints(two_backends):
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        for path in ("/v1/embeddings", "/tokenize", "/detokenize"):
+            r = await c.post(path, json={"model": "fake-model", "prompt": "abc"})
+            assert r.status_code == 200
+            assert r.json()["path"] == path
+
+
+async def test_accounting_counts_in_flight_and_pending_prefill(two_backends):
+    for b in two_backends:
+        b.behaviour = Behaviour(chunks=3, first_byte_delay=0.5)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
+        prompt = "x" * 400  # 100 tokens at 4 chars per token
+        task = asyncio.create_task(
+            c.post("/v1/completions", json={"model": "fake-model", "prompt": prompt})
+        )
+        for _ in range(100):
+            if any(b.load.in_flight for b in app.core.fleet):
+                break
+            await asyncio.sleep(0.01)
+        loads = [b.load for b in app.core.fleet]
+        assert sum(ld.in_flight for ld in loads) == 1
+        assert sum(ld.pending_prefill_tokens for ld in loads) == 100
+        live = list(app.core.live)
+        assert len(live) == 1 and live[0].body["prompt"] == prompt
+        r = await task
+        assert r.status_code == 200
+        assert all(ld.in_flight == 0 and ld.pending_prefill_tokens == 0 for ld in loads)
