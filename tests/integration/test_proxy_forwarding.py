@@ -63,8 +63,12 @@ async def test_streaming_relays_every_event_in_order(two_backends):
         b.behaviour = Behaviour(chunks=64)
     settings = fast_settings([b.url for b in two_backends])
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
-        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": "fake-model",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         events = []
         async with c.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200

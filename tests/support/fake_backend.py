@@ -71,7 +71,9 @@ class FakeBackend:
         return web.Response(status=200 if self.behaviour.healthy else 503)
 
     async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+        )
 
     async def _metrics(self, _: web.Request) -> web.Response:
         m = self.model
@@ -87,7 +89,9 @@ class FakeBackend:
 
     async def _echo(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.seen.append(Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body))
+        self.seen.append(
+            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
+        )
         return web.json_response({"path": request.path, "echo": body})
 
     def _should_fail(self) -> int | None:
@@ -104,7 +108,9 @@ class FakeBackend:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.seen.append(Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body))
+        self.seen.append(
+            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
+        )
         status = self._should_fail()
         if status is not None:
             return web.json_response(
@@ -131,8 +137,11 @@ class FakeBackend:
                         "created": int(time.time()),
                         "model": self.model,
                         "choices": [choice],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": b.chunks,
-                                  "total_tokens": 3 + b.chunks},
+                        "usage": {
+                            "prompt_tokens": 3,
+                            "completion_tokens": b.chunks,
+                            "total_tokens": 3 + b.chunks,
+                        },
                     }
                 )
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -143,14 +152,20 @@ class FakeBackend:
                     request.transport.close()
                     return resp
                 delta = {"delta": {"content": f"t{i} "}} if chat else {"text": f"t{i} "}
-                event = {"id": "cmpl-fake", "model": self.model,
-                         "choices": [{"index": 0, **delta, "finish_reason": None}]}
+                event = {
+                    "id": "cmpl-fake",
+                    "model": self.model,
+                    "choices": [{"index": 0, **delta, "finish_reason": None}],
+                }
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 if b.chunk_delay:
                     await asyncio.sleep(b.chunk_delay)
             if (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": 3, "completion_tokens": b.chunks,
-                         "total_tokens": 3 + b.chunks}
+                usage = {
+                    "prompt_tokens": 3,
+                    "completion_tokens": b.chunks,
+                    "total_tokens": 3 + b.chunks,
+                }
                 event = {"id": "cmpl-fake", "model": self.model, "choices": [], "usage": usage}
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")

@@ -32,8 +32,14 @@ async def running_proxy(
 ) -> AsyncIterator[tuple[str, FleetProxyApp]]:
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, loop="none", http="httptools", log_level="warning",
-        access_log=False, lifespan="on",
+        app,
+        host="127.0.0.1",
+        port=0,
+        loop="none",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

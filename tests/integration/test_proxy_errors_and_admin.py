@@ -1,0 +1,223 @@
+"""Bad input, readiness, the admin API and the official OpenAI SDK against the real proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+
+from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.servers import fast_settings, running_proxy
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[FakeBackend]:
+    b = FakeBackend()
+    await b.start()
+    yield b
+    await b.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "status", "param", "fragment"),
+    [
+        ("/v1/completions", b"{not json", 400, None, "not valid JSON"),
+        ("/v1/completions", b"[1, 2]", 400, None, "JSON object"),
+        ("/v1/completions", b'{"prompt": "x"}', 400, "model", "model"),
+        ("/v1/completions", b'{"model": 5, "prompt": "x"}', 400, "model", "non-empty string"),
+        ("/v1/completions", b'{"model": "fake-model"}', 400, "prompt", "'prompt' is required"),
+        (
+            "/v1/completions",
+            b'{"model": "fake-model", "prompt": {"a": 1}}',
+            400,
+            "prompt",
+            "must be",
+        ),
+        ("/v1/chat/completions", b'{"model": "fake-model"}', 400, "messages", "required"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "fake-model", "messages": "hi"}',
+            400,
+            "messages",
+            "non-empty list",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "fake-model", "messages": [{"content": "x"}]}',
+            400,
+            "messages[0].role",
+            "role",
+        ),
+        (
+            "/v1/completions",
+            b'{"model": "fake-model", "prompt": "x", "stream": "yes"}',
+            400,
+            "stream",
+            "boolean",
+        ),
+        ("/v1/completions", b'{"model": "nope", "prompt": "x"}', 404, "model", "does not exist"),
+    ],
+)
+async def test_bad_input_gets_openai_shaped_4xx(backend, path, content, status, param, fragment):
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        r = await c.post(path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == status
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["param"] == param
+        assert fragment in err["message"]
+        assert backend.seen == []
+
+
+async def test_body_over_limit_is_413(backend):
+    settings = fast_settings([backend.url], max_body_bytes=1000)
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x" * 2000})
+        assert r.status_code == 413
+        assert "1000-byte limit" in r.json()["error"]["message"]
+
+
+async def test_no_healthy_backend_is_503_with_retry_after(backend):
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        backend.behaviour = Behaviour(healthy=False)
+        for _ in range(100):
+            if (await c.get("/ready")).status_code == 503:
+                break
+            await asyncio.sleep(0.02)
+        assert (await c.get("/ready")).status_code == 503
+        r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert (await c.get("/health")).status_code == 200
+        # ...and it comes back when its health check passes again.
+        backend.behaviour = Behaviour(healthy=True)
+        for _ in range(100):
+            if (await c.get("/ready")).status_code == 200:
+                break
+            await asyncio.sleep(0.02)
+        r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert r.status_code == 200
+
+
+async def test_stale_scrape_stops_routing(backend):
+    async with running_proxy(fast_settings([backend.url], stale_after=0.3)) as (url, app):
+        b = next(iter(app.core.fleet))
+        # Stop the scraper: no new snapshot arrives from now on.
+        for task in app.core._tasks:
+            task.cancel()
+        await asyncio.sleep(0.5)
+        async with httpx.AsyncClient(base_url=url) as c:
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert r.status_code == 503
+        assert b.is_stale(app.core.clock.now(), 0.3)
+
+
+async def test_admin_lists_adds_drains_and_removes_backends(backend):
+    other = FakeBackend()
+    await other.start()
+    try:
+        settings = fast_settings([backend.url], admin_token="s3cret")
+        async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+            assert (await c.get("/admin/backends")).status_code == 401
+            auth = {"authorization": "Bearer s3cret"}
+            listed = (await c.get("/admin/backends", headers=auth)).json()
+            assert [b["url"] for b in listed] == [backend.url]
+            assert listed[0]["models"] == ["fake-model"]
+            assert listed[0]["metrics"]["kv_usage"] == 0.5
+
+            r = await c.post(
+                "/admin/backends",
+                json={"url": other.url, "id": "b2", "role": "decode", "labels": {"z": "1"}},
+                headers=auth,
+            )
+            assert r.status_code == 201
+            dup = await c.post("/admin/backends", json={"url": other.url, "id": "b2"}, headers=auth)
+            assert dup.status_code == 409
+            bad = await c.post("/admin/backends", json={"url": "ftp://x"}, headers=auth)
+            assert bad.status_code == 400
+
+            for _ in range(100):
+                views = (await c.get("/admin/backends", headers=auth)).json()
+                if all(v["routable"] for v in views):
+                    break
+                await asyncio.sleep(0.02)
+            first_id = views[0]["id"]
+            r = await c.post(
+                f"/admin/backends/{first_id}/drain", headers={"x-admin-token": "s3cret"}
+            )
+            assert r.json()["draining"] is True
+            for _ in range(4):
+                r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+                assert r.headers["x-fleet-backend"] == "b2"
+            assert (await c.delete("/admin/backends/b2", headers=auth)).status_code == 200
+            assert (await c.delete("/admin/backends/b2", headers=auth)).status_code == 404
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            assert r.status_code == 503  # the only one left is draining
+    finally:
+        await other.stop()
+
+
+async def test_debug_header_returns_decision_receipt(backend):
+    settings = fast_settings([backend.url], policy="least_requests")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.post(
+            "/v1/completions",
+            json={"model": "fake-model", "prompt": "x"},
+            headers={"x-fleet-debug": "1"},
+        )
+        receipt = json.loads(r.headers["x-fleet-decision"])
+        assert receipt["backend"] == r.headers["x-fleet-backend"]
+        assert receipt["scores"][receipt["backend"]] == {"in_flight": 0.0}
+
+
+async def test_metrics_endpoint_has_router_and_backend_series(backend):
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        text = (await c.get("/metrics")).text
+        assert 'fleet_proxy_requests_total{endpoint="completions",status="200"} 1.0' in text
+        assert "fleet_proxy_backend_in_flight{" in text
+        assert "http_requests_total" in text  # the instrumentator, on the control plane
+
+
+async def test_official_openai_sdk_is_a_drop_in(backend):
+    backend.behaviour = Behaviour(chunks=5)
+    async with running_proxy(fast_settings([backend.url])) as (url, _):
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["fake-model"]
+        comp = await client.completions.create(model="fake-model", prompt="hi", max_tokens=5)
+        assert comp.choices[0].text == "t0 t1 t2 t3 t4 "
+        chat = await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert chat.choices[0].message.content == "t0 t1 t2 t3 t4 "
+        stream = await client.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, usage = [], None
+        async for chunk in stream:
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.usage:
+                usage = chunk.usage
+        assert "".join(pieces) == "t0 t1 t2 t3 t4 "
+        assert usage is not None and usage.completion_tokens == 5
+        with pytest.raises(openai.NotFoundError):
+            await client.completions.create(model="missing", prompt="hi")
+        await client.close()

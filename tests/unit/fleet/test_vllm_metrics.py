@@ -1,0 +1,71 @@
+from fleet.vllm_metrics import parse_engine_metrics
+
+CURRENT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting_by_reason Waiting by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 7.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1024.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 512.0
+# HELP vllm:num_preemptions_total Preemptions.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 4.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="2000"} 1.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="m"} 0.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 0.0
+"""
+
+OLDER = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="old"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="old"} 0.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="old"} 0.4
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{model_name="old"} 100.0
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{model_name="old"} 30.0
+"""
+
+
+def test_current_names_sum_over_engines_and_exact_waiting_name() -> None:
+    m = parse_engine_metrics(CURRENT)
+    assert m.running == 3.0
+    assert m.waiting == 3.0  # not 10: waiting_by_reason is a different metric
+    assert m.kv_usage == 0.75
+    assert (m.prefix_queries, m.prefix_hits) == (1024.0, 512.0)
+    assert m.preemptions == 4.0
+    assert (m.block_size, m.num_gpu_blocks, m.enable_prefix_caching) == (16, 2000, True)
+    assert m.models == ("m",)
+
+
+def test_older_names_are_understood() -> None:
+    m = parse_engine_metrics(OLDER)
+    assert m.running == 1.0
+    assert m.kv_usage == 0.4
+    assert (m.prefix_queries, m.prefix_hits) == (100.0, 30.0)
+    assert m.block_size is None
+
+
+def test_empty_page_gives_zeros() -> None:
+    m = parse_engine_metrics("")
+    assert m.running == 0.0 and m.models == ()

@@ -1,0 +1,84 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import ConfigError, load_settings
+
+
+def test_cli_overrides_env_overrides_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text(
+        "port: 7000\npolicy: round_robin\nscrape_interval: 0.5\n"
+        "backends:\n  - url: http://10.0.0.1:8000/v1\n    role: prefill\n    labels: {zone: a}\n"
+    )
+    monkeypatch.setenv("FLEET_PROXY_SCRAPE_INTERVAL", "0.3")
+    s = load_settings({"port": 9000}, cfg)
+    assert s.port == 9000
+    assert s.scrape_interval == 0.3
+    assert s.policy == "round_robin"
+    (spec,) = s.backend_specs()
+    assert spec.url == "http://10.0.0.1:8000"
+    assert spec.id == "10.0.0.1:8000"
+    assert spec.role == "prefill" and spec.labels == {"zone": "a"}
+
+
+def test_env_backends_as_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_PROXY_BACKENDS", '["http://127.0.0.1:1", "http://127.0.0.1:2"]')
+    s = load_settings()
+    assert [b.url for b in s.backends] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"port": 70000}, "port"),
+        ({"scrape_interval": 0}, "scrape_interval"),
+        ({"backends": ["localhost:8000"]}, "backends.0.url"),
+        ({"backends": [{"url": "http://a:1", "role": "leader"}]}, "backends.0.role"),
+        ({"log_level": "loud"}, "log_level"),
+        ({"no_such_setting": 1}, "no_such_setting"),
+    ],
+)
+def test_invalid_settings_name_the_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_settings(overrides)
+    assert f"  {field}:" in str(e.value)
+
+
+def test_duplicate_backend_ids_are_refused() -> None:
+    with pytest.raises(ConfigError, match="duplicate backend id"):
+        load_settings({"backends": ["http://a:1", "http://a:1/"]})
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_settings({}, Path("/nonexistent/fleet.yaml"))
+
+
+def test_serve_with_bad_settings_exits_2_naming_the_field() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--port", "99999"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "port:" in r.stderr
+
+
+def test_serve_with_unknown_policy_lists_known_ones() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--policy", "nope", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "unknown policy 'nope'" in r.stderr and "round_robin" in r.stderr
