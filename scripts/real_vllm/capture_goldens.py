@@ -1,0 +1,280 @@
+"""Capture golden responses from a running real vLLM engine for the simulator's fidelity test.
+
+    python scripts/real_vllm/capture_goldens.py [--out tests/golden/vllm-0.32] [--engine 0]
+
+Reads the tier's state file (see engines.py) and talks to ONE engine only, so the timings
+are not distorted by a second busy engine on the same cores. Writes, into --out:
+
+  models.json, version.json      GET /v1/models, GET /version
+  tokenize.json                  POST /tokenize
+  completion.json                POST /v1/completions (return_token_ids)
+  completion_stream.txt          the same, streamed with usage: raw SSE bytes
+  chat.json                      POST /v1/chat/completions (return_token_ids)
+  chat_stream.txt                streamed chat with include_usage + return_token_ids: raw SSE bytes
+  error_prompt_too_long.json     400 for a prompt over --max-model-len
+  error_unknown_model.json       404 for a model the server does not serve
+  metrics.txt                    GET /metrics after the requests above, incl. prefix-cache hits
+  timings.json                   TTFT and per-output-token seconds by prompt length
+  manifest.json                  for each file: the request that produced it, status, headers
+
+Uses only the standard library plus httpx (in the project venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CACHE = Path.home() / ".cache" / "fleet-proxy"
+REPO = Path(__file__).resolve().parents[2]
+KEPT_HEADERS = ("content-type", "x-request-id", "server", "transfer-encoding")
+
+
+class Capture:
+    def __init__(self, base: str, out: Path, model: str) -> None:
+        self.client = httpx.Client(base_url=base, timeout=httpx.Timeout(300.0))
+        self.out = out
+        self.model = model
+        self.manifest: dict[str, Any] = {}
+
+    def _record(self, name: str, method: str, path: str, body: Any, resp: httpx.Response) -> None:
+        self.manifest[name] = {
+            "method": method,
+            "path": path,
+            "request": body,
+            "status": resp.status_code,
+            "headers": {k: v for k, v in resp.headers.items() if k.lower() in KEPT_HEADERS},
+        }
+
+    def json_call(self, name: str, method: str, path: str, body: Any = None) -> Any:
+        resp = self.client.request(method, path, json=body)
+        self._record(name, method, path, body, resp)
+        data = resp.json()
+        (self.out / name).write_text(json.dumps(data, indent=2) + "\n")
+        return data
+
+    def raw_stream(self, name: str, path: str, body: Any) -> bytes:
+        chunks = []
+        with self.client.stream("POST", path, json=body) as resp:
+            for chunk in resp.iter_raw():
+                chunks.append(chunk)
+            self._record(name, "POST", path, body, resp)
+        raw = b"".join(chunks)
+        (self.out / name).write_bytes(raw)
+        return raw
+
+    def text_get(self, name: str, path: str) -> str:
+        resp = self.client.get(path)
+        self._record(name, "GET", path, None, resp)
+        (self.out / name).write_text(resp.text)
+        return resp.text
+
+
+def unique_prompt_ids(rng: random.Random, length: int, vocab: int) -> list[int]:
+    """Random token ids: no two timing prompts share a prefix block, so no cache hits."""
+    return [rng.randrange(16, vocab) for _ in range(length)]
+
+
+def timed_stream(
+    client: httpx.Client, model: str, prompt: list[int], max_tokens: int
+) -> dict[str, float]:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    sent = time.perf_counter()
+    first: float | None = None
+    arrivals: list[float] = []
+    with client.stream("POST", "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            choices = event.get("choices") or []
+            if choices and choices[0].get("token_ids"):
+                now = time.perf_counter()
+                arrivals.extend([now] * len(choices[0]["token_ids"]))
+                first = first if first is not None else now
+    done = time.perf_counter()
+    if first is None or len(arrivals) < 2:
+        raise RuntimeError(f"stream produced {len(arrivals)} tokens; expected {max_tokens}")
+    return {
+        "ttft_s": first - sent,
+        "tpot_s": (done - first) / (len(arrivals) - 1),
+        "e2e_s": done - sent,
+        "output_tokens": float(len(arrivals)),
+    }
+
+
+def capture_timings(
+    cap: Capture, vocab: int, lengths: list[int], reps: int, max_tokens: int
+) -> dict[str, Any]:
+    rng = random.Random(7)
+    timed_stream(cap.client, cap.model, unique_prompt_ids(rng, 32, vocab), 4)  # warm-up
+    rows = []
+    for length in lengths:
+        samples = [
+            timed_stream(cap.client, cap.model, unique_prompt_ids(rng, length, vocab), max_tokens)
+            for _ in range(reps)
+        ]
+        rows.append(
+            {
+                "prompt_tokens": length,
+                "output_tokens": max_tokens,
+                "ttft_s": [s["ttft_s"] for s in samples],
+                "tpot_s": [s["tpot_s"] for s in samples],
+                "e2e_s": [s["e2e_s"] for s in samples],
+                "ttft_s_median": statistics.median(s["ttft_s"] for s in samples),
+                "tpot_s_median": statistics.median(s["tpot_s"] for s in samples),
+            }
+        )
+        print(
+            f"[capture] prompt={length} ttft={rows[-1]['ttft_s_median']:.4f}s "
+            f"tpot={rows[-1]['tpot_s_median']:.4f}s",
+            file=sys.stderr,
+        )
+    # A prompt whose prefix is cached: the same long prompt twice, the second time timed.
+    shared = unique_prompt_ids(rng, 1024, vocab)
+    timed_stream(cap.client, cap.model, shared, 2)
+    hit = [
+        timed_stream(
+            cap.client, cap.model, [*shared, *unique_prompt_ids(rng, 16, vocab)], max_tokens
+        )
+        for _ in range(reps)
+    ]
+    return {
+        "method": "streamed /v1/completions with token-id prompts, greedy, ignore_eos; "
+        "one engine busy, any other idle; TTFT = send to first chunk with tokens; "
+        "TPOT = (E2E - TTFT) / (tokens - 1)",
+        "engine_args": "--enforce-eager --dtype float32 --enable-prefix-caching "
+        "--max-model-len 4096",
+        "model": f"tiny Llama: hidden 256, 4 layers, float32, vocab {vocab}",
+        "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_end": os.getloadavg()[0]},
+        "by_prompt_length": rows,
+        "prefix_hit_1024_plus_16": {
+            "ttft_s": [s["ttft_s"] for s in hit],
+            "tpot_s": [s["tpot_s"] for s in hit],
+            "ttft_s_median": statistics.median(s["ttft_s"] for s in hit),
+        },
+    }
+
+
+def capture_all(
+    cap: Capture, max_model_len: int, vocab: int, lengths: list[int], reps: int
+) -> None:
+    m = cap.model
+    cap.json_call("models.json", "GET", "/v1/models")
+    cap.json_call("version.json", "GET", "/version")
+    cap.json_call(
+        "tokenize.json",
+        "POST",
+        "/tokenize",
+        {"model": m, "prompt": "Hello world, tell me a story."},
+    )
+    completion = {
+        "model": m,
+        "prompt": "The router sends the request to",
+        "max_tokens": 12,
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
+    cap.json_call("completion.json", "POST", "/v1/completions", completion)
+    cap.raw_stream(
+        "completion_stream.txt",
+        "/v1/completions",
+        {**completion, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    chat = {
+        "model": m,
+        "messages": [
+            {"role": "system", "content": "You are brief."},
+            {"role": "user", "content": "Tell me about the river."},
+        ],
+        "max_tokens": 12,
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
+    cap.json_call("chat.json", "POST", "/v1/chat/completions", chat)
+    cap.raw_stream(
+        "chat_stream.txt",
+        "/v1/chat/completions",
+        {**chat, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    too_long = {"model": m, "prompt": [20] * (max_model_len + 1), "max_tokens": 4}
+    cap.json_call("error_prompt_too_long.json", "POST", "/v1/completions", too_long)
+    cap.json_call(
+        "error_unknown_model.json",
+        "POST",
+        "/v1/completions",
+        {**completion, "model": "no-such-model"},
+    )
+    # Prefix hits before the metrics snapshot: a 600-token prompt, then two that extend it.
+    rng = random.Random(3)
+    prefix = unique_prompt_ids(rng, 600, vocab)
+    for tail in range(3):
+        cap.client.post(
+            "/v1/completions", json={"model": m, "prompt": [*prefix, 30 + tail], "max_tokens": 4}
+        ).raise_for_status()
+    cap.text_get("metrics.txt", "/metrics")
+    timings = capture_timings(cap, vocab, lengths, reps, 32)
+    (cap.out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    (cap.out / "manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "vllm-0.32")
+    parser.add_argument(
+        "--engine", type=int, default=0, help="index of the engine in the state file"
+    )
+    parser.add_argument("--lengths", default="16,128,512,1024,2048")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=Path(os.environ.get("FLEET_VLLM_STATE", CACHE / "real-vllm" / "state.json")),
+    )
+    args = parser.parse_args(argv)
+    if not args.state.exists():
+        print(
+            f"[capture] ERROR: no tier state at {args.state}: "
+            "start engines with scripts/real_vllm/engines.py start",
+            file=sys.stderr,
+        )
+        return 1
+    state = json.loads(args.state.read_text())
+    engine = state["engines"][args.engine]
+    args.out.mkdir(parents=True, exist_ok=True)
+    cap = Capture(engine["url"], args.out, state["served_model_name"])
+    vocab = int(json.loads((Path(state["model_dir"]) / "config.json").read_text())["vocab_size"])
+    capture_all(
+        cap,
+        int(state["max_model_len"]),
+        vocab,
+        [int(x) for x in args.lengths.split(",")],
+        args.reps,
+    )
+    print(f"[capture] goldens written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,317 @@
+"""Start, inspect and stop the real vLLM engines of the test tier.
+
+    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl]
+    python scripts/real_vllm/engines.py status
+    python scripts/real_vllm/engines.py stop
+
+Standard library only, so any Python runs it. `start` launches each engine in its own
+process group on a free loopback port, waits until every /health answers 200 and writes a
+state file (URLs, PIDs, log paths) that the tests and the golden capture read. `stop` ends
+exactly the process groups recorded there, by PID. Paths come from the same environment
+variables as prepare.sh (FLEET_VLLM_VENV, FLEET_VLLM_MODEL_DIR) plus FLEET_VLLM_STATE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SERVED_MODEL_NAME = "tiny"
+MAX_MODEL_LEN = 4096
+CACHE = Path.home() / ".cache" / "fleet-proxy"
+NIXL_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'
+
+
+class TierError(RuntimeError):
+    """A failure the operator can act on; the message says what went wrong."""
+
+
+@dataclass
+class Engine:
+    name: str
+    role: str  # "both" for an ordinary engine, "prefill" / "decode" with NixlConnector
+    port: int
+    url: str
+    pid: int
+    log: str
+    nixl_side_channel_port: int | None = None
+
+
+@dataclass
+class TierState:
+    venv: str
+    model_dir: str
+    served_model_name: str
+    max_model_len: int
+    mode: str  # "aggregated" or "pd_nixl"
+    engines: list[Engine] = field(default_factory=list)
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("FLEET_VLLM_VENV", CACHE / "vllm-venv"))
+
+
+def model_dir() -> Path:
+    return Path(os.environ.get("FLEET_VLLM_MODEL_DIR", CACHE / "tiny-llama"))
+
+
+def state_path() -> Path:
+    return Path(os.environ.get("FLEET_VLLM_STATE", CACHE / "real-vllm" / "state.json"))
+
+
+def read_state(path: Path) -> TierState | None:
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    engines = [Engine(**e) for e in raw.pop("engines")]
+    return TierState(engines=engines, **raw)
+
+
+def write_state(path: Path, state: TierState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise TierError(f"port {port} on 127.0.0.1 is in use ({exc.strerror})") from exc
+
+
+def is_our_engine(pid: int) -> bool:
+    """True when pid is alive and still a vLLM server (guards against PID reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"vllm.entrypoints" in cmdline
+
+
+def log_tail(path: str, lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def engine_env(nixl_port: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    if nixl_port is not None:
+        env.update(
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(nixl_port), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1"
+        )
+    return env
+
+
+def engine_command(venv: Path, model: Path, port: int, nixl: bool) -> list[str]:
+    cmd = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",  # the `vllm` script fails: the dist is vllm-cpu
+        "--model", str(model),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--enable-prefix-caching",
+        "--enforce-eager",
+        "--dtype", "float32",
+    ]  # fmt: skip
+    if nixl:
+        cmd += ["--kv-transfer-config", NIXL_CONFIG]
+    return cmd
+
+
+def launch(venv: Path, model: Path, name: str, role: str, port: int, log_dir: Path) -> Engine:
+    ensure_port_free(port)
+    nixl_port = free_port() if role in ("prefill", "decode") else None
+    if nixl_port is not None:
+        ensure_port_free(nixl_port)
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            engine_command(venv, model, port, nixl_port is not None),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=engine_env(nixl_port),
+            start_new_session=True,  # its own process group, so stop ends the engine core too
+        )
+    return Engine(name, role, port, f"http://127.0.0.1:{port}", proc.pid, str(log), nixl_port)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def died_reason(engine: Engine) -> str:
+    tail = log_tail(engine.log)
+    hint = ""
+    if "Address already in use" in tail:
+        hint = f" (port {engine.port} or its side-channel port was taken by another process)"
+    elif "No module named 'vllm'" in tail:
+        hint = " (vLLM is not installed in the venv: run scripts/real_vllm/prepare.sh)"
+    elif "nixl" in tail.lower() and "No module named" in tail:
+        hint = " (NIXL is missing: run scripts/real_vllm/prepare.sh --with-nixl)"
+    head = f"engine {engine.name} (pid {engine.pid}) died{hint}"
+    return f"{head}; last log lines of {engine.log}:\n{tail}"
+
+
+def wait_ready(engines: list[Engine], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(engines)
+    while pending:
+        for engine in list(pending):
+            if not is_our_engine(engine.pid):
+                raise TierError(died_reason(engine))
+            if healthy(engine.url):
+                print(f"[real-vllm] {engine.name} ready at {engine.url}", file=sys.stderr)
+                pending.remove(engine)
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(e.name for e in pending)
+            tails = "\n".join(f"--- {e.log}\n{log_tail(e.log, 15)}" for e in pending)
+            raise TierError(f"not ready after {timeout:.0f} s: {names}\n{tails}")
+        if pending:
+            time.sleep(1.0)
+
+
+def stop_engine(engine: Engine, grace: float = 20.0) -> None:
+    if not is_our_engine(engine.pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(engine.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while is_our_engine(engine.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(engine.pid, signal.SIGKILL)
+    # Reap it if it is our child (a start that failed half-way); harmless otherwise.
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(engine.pid, os.WNOHANG)
+
+
+def start(count: int, pd_nixl: bool, timeout: float) -> TierState:
+    venv, model, path = venv_dir(), model_dir(), state_path()
+    if not (venv / "bin" / "python").exists():
+        raise TierError(f"no vLLM venv at {venv}: run scripts/real_vllm/prepare.sh first")
+    if not (model / "fleet-proxy-recipe.json").exists():
+        raise TierError(f"no tiny model at {model}: run scripts/real_vllm/prepare.sh first")
+    old = read_state(path)
+    if old and any(is_our_engine(e.pid) for e in old.engines):
+        raise TierError(f"engines from {path} still run: run `engines.py stop` first")
+    roles = ["prefill", "decode"] if pd_nixl else ["both"] * count
+    log_dir = path.parent / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    state = TierState(
+        str(venv),
+        str(model),
+        SERVED_MODEL_NAME,
+        MAX_MODEL_LEN,
+        "pd_nixl" if pd_nixl else "aggregated",
+    )
+    try:
+        for i, role in enumerate(roles):
+            name = f"engine-{i}" if role == "both" else f"{role}-{i}"
+            state.engines.append(launch(venv, model, name, role, free_port(), log_dir))
+            write_state(path, state)  # recorded at once, so `stop` works even if start fails
+        wait_ready(state.engines, timeout)
+    except BaseException:
+        for engine in state.engines:
+            stop_engine(engine)
+        path.unlink(missing_ok=True)
+        raise
+    return state
+
+
+def stop() -> int:
+    path = state_path()
+    state = read_state(path)
+    if state is None:
+        print(f"[real-vllm] nothing to stop ({path} absent)", file=sys.stderr)
+        return 0
+    for engine in state.engines:
+        stop_engine(engine)
+        print(f"[real-vllm] stopped {engine.name} (pid {engine.pid})", file=sys.stderr)
+    path.unlink(missing_ok=True)
+    return 0
+
+
+def status() -> int:
+    path = state_path()
+    state = read_state(path)
+    if state is None:
+        print(f"not running ({path} absent)")
+        return 1
+    ok = True
+    for e in state.engines:
+        alive, up = is_our_engine(e.pid), healthy(e.url)
+        ok &= up
+        print(
+            f"{e.name} role={e.role} url={e.url} pid={e.pid} alive={alive} healthy={up} log={e.log}"
+        )
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_start = sub.add_parser("start", help="start engines and wait until ready")
+    p_start.add_argument("--count", type=int, default=2, help="ordinary engines (default 2)")
+    p_start.add_argument(
+        "--pd-nixl", action="store_true", help="one prefill + one decode with NixlConnector"
+    )
+    p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
+    sub.add_parser("stop", help="stop the engines recorded in the state file")
+    sub.add_parser("status", help="print the engines and whether they answer /health")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "start":
+            state = start(args.count, args.pd_nixl, args.timeout)
+            print(state_path())
+            return 0 if state.engines else 1
+        if args.cmd == "stop":
+            return stop()
+        return status()
+    except TierError as exc:
+        print(f"[real-vllm] ERROR: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
