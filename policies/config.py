@@ -57,7 +57,9 @@ class RoutingConfig(BaseModel):
     name: str | None = None
     policy: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    prefix_index: PrefixIndexConfig = Field(default_factory=PrefixIndexConfig)
+    prefix_index: PrefixIndexConfig = Field(
+        default_factory=lambda: PrefixIndexConfig.model_validate({})
+    )
     plugins: list[PluginConfig] = Field(default_factory=list)
     profiles: list[ProfileConfig] = Field(default_factory=list)
     handler: str | None = None

@@ -127,6 +127,10 @@ class Scheduler:
         self._metrics = SchedulerMetrics(
             registry, lambda: self._pools, lambda: self.services.prefix_index
         )
+        for plugin in self.plugins:
+            hook = getattr(plugin, "bind_metrics", None)
+            if hook is not None:
+                hook(registry)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
