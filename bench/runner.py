@@ -63,6 +63,8 @@ def build_body(
             messages += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
         messages.append({"role": "user", "content": user})
         body["messages"] = messages
+    elif not session.system and not history:
+        body["prompt"] = user  # a single raw prompt: its length is exactly the trace's
     else:
         parts = [session.system] if session.system else []
         for u, a in history:
