@@ -1,0 +1,94 @@
+"""`fleet-proxy sim`: run N simulated vLLM engines in one process until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from fleet.types import Role
+from simulator.faults import parse_fault_update
+from simulator.fleet import DEFAULT_MODEL, start_fleet
+from simulator.profiles import DEFAULT_PROFILE, available_profiles, load_profile
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fleet-proxy sim",
+        description="Run simulated vLLM 0.32 engines, each on its own port.")
+    p.add_argument("--engines", type=int, default=1, help="number of engines (default 1)")
+    p.add_argument("--base-port", type=int, default=8100,
+                   help="port of the first engine; the others follow (0: any free ports)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"one of {', '.join(available_profiles())}, or a YAML file")
+    p.add_argument("--role", choices=[r.value for r in Role], default=Role.BOTH.value)
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="engine clock speed relative to real time (default 1)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    f = p.add_argument_group("faults (see docs/simulator.md; also settable at POST /_sim/faults)")
+    f.add_argument("--fault-engines", default="",
+                   help="comma-separated engine indexes the fault flags apply to (default all)")
+    f.add_argument("--fault-error-rate", type=float, help="fraction of requests answered 500")
+    f.add_argument("--fault-slowdown", type=float, help="multiply every step's duration")
+    f.add_argument("--fault-hang", action="store_true", help="accept but never answer")
+    f.add_argument("--fault-die-after-tokens", type=int,
+                   help="crash once a request has produced this many tokens")
+    f.add_argument("--fault-cut-stream-after-tokens", type=int,
+                   help="drop each stream's connection after this many tokens")
+    f.add_argument("--fault-recover-after", type=float,
+                   help="real seconds after a crash until the engine answers again")
+    return p
+
+
+def _fault_update(args: argparse.Namespace) -> dict[str, object]:
+    raw = {
+        "error_rate": args.fault_error_rate,
+        "slowdown": args.fault_slowdown,
+        "hang": True if args.fault_hang else None,
+        "die_after_tokens": args.fault_die_after_tokens,
+        "cut_stream_after_tokens": args.fault_cut_stream_after_tokens,
+        "recover_after_s": args.fault_recover_after,
+    }
+    return parse_fault_update({k: v for k, v in raw.items() if v is not None})
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    fleet = await start_fleet(
+        args.engines, base_port=args.base_port, host=args.host, profile=args.profile,
+        role=args.role, speed=args.speed, model=args.model)
+    update = _fault_update(args)
+    targets = ({int(i) for i in args.fault_engines.split(",") if i.strip()}
+               if args.fault_engines else set(range(args.engines)))
+    for i, server in enumerate(fleet.engines):
+        if update and i in targets:
+            server.engine.faults.apply(update)
+        print(server.url, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await fleet.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.engines < 1:
+        print("--engines must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        load_profile(args.profile)
+        _fault_update(args)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # faster event loop when installed (it comes with uvicorn[standard])
+    except ImportError:
+        return asyncio.run(_serve(args))
+    return uvloop.run(_serve(args))

@@ -1,0 +1,370 @@
+"""The engine model: a continuous-batching scheduler over a paged KV cache, with no I/O.
+
+It follows vLLM V1's scheduler closely enough for a router to see the same behaviour:
+- every step first serves the running requests in order (a decode takes one token, an
+  unfinished prefill a chunk), then admits waiting requests first-come-first-served while the
+  token budget (`max_num_batched_tokens`) and `max_num_seqs` allow (chunked prefill);
+- a request's new blocks come from the block pool; when it has too few free blocks, the most
+  recently admitted running request is preempted (its blocks freed, recomputed later);
+- a waiting request first reuses the longest cached prefix of full blocks;
+- a request whose computed tokens reach its length samples one token from the language model.
+Time is passed in by the caller: `schedule(now)` plans a step and says how long it takes;
+`finish_step(step, now)` applies it. Unit tests drive it without sleeping.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from simulator.kv_cache import BlockPool, chain_hashes
+from simulator.lm import DeterministicLM
+from simulator.profiles import Profile
+from simulator.request import SimRequest, Status, TokenEvent
+from simulator.tokenizer import EOS_ID, Tokenizer
+
+
+class CoreListener:
+    """Hooks for metrics; the base class ignores everything."""
+
+    def on_step(self, step: Step) -> None: ...
+    def on_preempt(self, req: SimRequest) -> None: ...
+    def on_prefix_query(self, queried: int, hit: int) -> None: ...
+    def on_token(self, req: SimRequest, now: float, first: bool) -> None: ...
+    def on_finished(self, req: SimRequest) -> None: ...
+
+
+@dataclass(slots=True)
+class Step:
+    chunks: list[tuple[SimRequest, int]]
+    duration: float
+    new_tokens: int
+    context_tokens: int
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    started_at: float
+
+
+@dataclass(slots=True)
+class CoreCounters:
+    steps: int = 0
+    preemptions: int = 0
+    prefix_queries: int = 0  # tokens
+    prefix_hits: int = 0  # tokens
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class EngineCore:
+    def __init__(
+        self,
+        profile: Profile,
+        tokenizer: Tokenizer,
+        lm: DeterministicLM,
+        listener: CoreListener | None = None,
+    ) -> None:
+        self.profile = profile
+        self.tokenizer = tokenizer
+        self.lm = lm
+        self.listener = listener or CoreListener()
+        self.pool = BlockPool(profile.num_gpu_blocks, profile.enable_prefix_caching)
+        self.block_size = profile.block_size
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.requests: dict[str, SimRequest] = {}
+        # Prefill side of P/D: finished requests whose blocks wait to be read, with deadlines.
+        self.held: dict[str, tuple[SimRequest, float]] = {}
+        self.counters = CoreCounters()
+        self.slowdown = 1.0  # a fault multiplies step durations
+        # Seconds a prefill engine keeps blocks for a decode engine that never reads them
+        # (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT defaults to 480 s).
+        self.hold_timeout_s = 480.0
+
+    # ---- requests in and out -------------------------------------------------------------
+    def add_request(self, req: SimRequest) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id}")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or any(r.status is Status.WAITING for r in self.waiting)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks. False if it is unknown or already done."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self._finish(req, "abort", None, now=None)
+        return True
+
+    # ---- P/D ------------------------------------------------------------------------------
+    def begin_remote_prefill(self, req: SimRequest) -> int | None:
+        """Reserve blocks for a decode-side request whose prompt KV comes from a prefill engine.
+
+        The last prompt token is recomputed locally to sample the first output, as vLLM's
+        NixlConnector does. Returns the number of tokens to pull (after local prefix hits),
+        or None when the blocks cannot be reserved (then the request prefills locally).
+        """
+        self.add_request(req)
+        to_load = len(req.prompt_ids) - 1
+        hit_blocks = self._lookup_prefix(req, limit_tokens=to_load)
+        hit_tokens = len(hit_blocks) * self.block_size
+        need = -(-to_load // self.block_size) - len(hit_blocks)
+        fresh = self.pool.allocate(need) if need > 0 else []
+        if fresh is None:
+            return None
+        self.pool.touch(hit_blocks)
+        req.blocks = hit_blocks + fresh
+        req.num_cached_blocks = len(hit_blocks)
+        req.status = Status.WAITING_FOR_REMOTE_KVS
+        return to_load - hit_tokens
+
+    def finish_remote_prefill(self, req: SimRequest, ok: bool) -> None:
+        """The pull ended: on success the prompt (but its last token) counts as computed."""
+        if req.status is not Status.WAITING_FOR_REMOTE_KVS:
+            return  # aborted meanwhile
+        req.status = Status.WAITING
+        if ok:
+            req.num_computed = len(req.prompt_ids) - 1
+            self._register_full_blocks(req)
+        else:
+            self.pool.free(req.blocks)
+            req.blocks = []
+            req.num_cached_blocks = 0
+
+    def release_held(self, request_id: str) -> SimRequest | None:
+        """A decode engine read the blocks (or gave up): free them."""
+        entry = self.held.pop(request_id, None)
+        if entry is None:
+            return None
+        req = entry[0]
+        self.pool.free(req.blocks)
+        req.blocks = []
+        return req
+
+    def expire_held(self, now: float) -> int:
+        expired = [rid for rid, (_r, deadline) in self.held.items() if deadline <= now]
+        for rid in expired:
+            self.release_held(rid)
+        return len(expired)
+
+    # ---- the step -------------------------------------------------------------------------
+    def schedule(self, now: float) -> Step | None:
+        budget = self.profile.max_num_batched_tokens
+        chunks: list[tuple[SimRequest, int]] = []
+        preempted = False
+        new_tokens = context_tokens = n_prefill = n_decode = 0
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not self._grow(req, req.num_computed + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                chunks.append((req, n))
+                budget -= n
+                new_tokens += n
+                context_tokens += req.num_computed
+                if req.num_computed == req.num_tokens - 1 and req.output_ids:
+                    n_decode += 1
+                else:
+                    n_prefill += 1
+                i += 1
+                continue
+            break  # the request itself was preempted: nothing more fits
+
+        if not preempted:
+            skipped: list[SimRequest] = []
+            while (self.waiting and budget > 0
+                   and len(self.running) < self.profile.max_num_seqs):
+                req = self.waiting[0]
+                if req.status is Status.WAITING_FOR_REMOTE_KVS:
+                    skipped.append(self.waiting.popleft())
+                    continue
+                admitted = self._admit(req, budget)
+                if admitted is None:
+                    break
+                n = admitted
+                self.waiting.popleft()
+                req.status = Status.RUNNING
+                if req.first_scheduled is None:
+                    req.first_scheduled = now
+                self.running.append(req)
+                chunks.append((req, n))
+                budget -= n
+                new_tokens += n
+                context_tokens += req.num_computed
+                n_prefill += 1
+            self.waiting.extendleft(reversed(skipped))
+
+        if not chunks:
+            return None
+        duration = self.profile.step_time.duration(new_tokens, context_tokens) * self.slowdown
+        step = Step(chunks, duration, new_tokens, context_tokens, n_prefill, n_decode, now)
+        self.counters.steps += 1
+        self.listener.on_step(step)
+        return step
+
+    def finish_step(self, step: Step, now: float) -> None:
+        for req, n in step.chunks:
+            if req.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            req.num_computed += n
+            self._register_full_blocks(req)
+            if req.num_computed == req.num_tokens:
+                self._sample(req, now)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _lookup_prefix(self, req: SimRequest, limit_tokens: int) -> list[int]:
+        tokens = req.all_token_ids()
+        req.block_hashes = chain_hashes(tokens, self.block_size, req.block_hashes)
+        max_blocks = limit_tokens // self.block_size
+        hits = self.pool.lookup_prefix(req.block_hashes[:max_blocks])
+        queried = len(tokens)
+        self.counters.prefix_queries += queried
+        self.counters.prefix_hits += len(hits) * self.block_size
+        self.listener.on_prefix_query(queried, len(hits) * self.block_size)
+        return hits
+
+    def _admit(self, req: SimRequest, budget: int) -> int | None:
+        """Blocks and a first chunk for a waiting request; None if the cache cannot hold it."""
+        hits: list[int] = []
+        if req.num_computed == 0:
+            # At least one token must be computed to sample, so a full hit leaves one block.
+            hits = self._lookup_prefix(req, limit_tokens=req.num_tokens - 1)
+        computed = req.num_computed + len(hits) * self.block_size
+        n = min(req.num_tokens - computed, budget)
+        need = -(-(computed + n) // self.block_size) - len(req.blocks) - len(hits)
+        fresh = self.pool.allocate(need) if need > 0 else []
+        if fresh is None:
+            return None
+        if hits:
+            self.pool.touch(hits)
+            req.blocks = hits + req.blocks
+            req.num_cached_blocks = len(hits)
+            req.num_computed = computed
+            req.prefix_hit_tokens = computed
+        req.blocks.extend(fresh)
+        return n
+
+    def _grow(self, req: SimRequest, num_tokens: int) -> bool:
+        need = -(-num_tokens // self.block_size) - len(req.blocks)
+        if need <= 0:
+            return True
+        fresh = self.pool.allocate(need)
+        if fresh is None:
+            return False
+        req.blocks.extend(fresh)
+        return True
+
+    def _preempt(self, req: SimRequest) -> None:
+        self.pool.free(req.blocks)
+        req.blocks = []
+        req.num_computed = 0
+        req.num_cached_blocks = 0
+        req.status = Status.WAITING
+        req.num_preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)
+        self.listener.on_preempt(req)
+
+    def _register_full_blocks(self, req: SimRequest) -> None:
+        full = req.num_computed // self.block_size
+        if full <= req.num_cached_blocks:
+            return
+        if len(req.block_hashes) < full:
+            req.block_hashes = chain_hashes(req.all_token_ids(), self.block_size,
+                                            req.block_hashes)
+        for b in range(req.num_cached_blocks, full):
+            self.pool.cache(req.blocks[b], req.block_hashes[b])
+        req.num_cached_blocks = full
+
+    def _sample(self, req: SimRequest, now: float) -> None:
+        tok = self.lm.next_token(req.lm_state)
+        first = not req.output_ids
+        req.output_ids.append(tok)
+        req.lm_state = self.lm.push(req.lm_state, tok)
+        self.counters.generation_tokens += 1
+        if first:
+            req.first_token_at = now
+            self.counters.prompt_tokens += len(req.prompt_ids)
+        self.listener.on_token(req, now, first)
+        req.last_token_at = now
+
+        params = req.params
+        text = self.tokenizer.token_str(tok)
+        finish: str | None = None
+        stop_reason: int | str | None = None
+        n_out = len(req.output_ids)
+        if n_out >= params.min_tokens:
+            if tok == EOS_ID and not params.ignore_eos:
+                finish = "stop"
+            elif tok in params.stop_token_ids:
+                finish, stop_reason = "stop", tok
+            elif params.stop:
+                text, finish, stop_reason = self._check_stop_strings(req, text)
+        if finish is None and (n_out >= params.max_tokens
+                               or req.num_tokens >= self.profile.max_model_len):
+            finish = "length"
+        if finish is None:
+            req.output_text += text
+            req.stream.put(TokenEvent([tok], text))
+            return
+        req.output_text += text
+        self.running.remove(req)
+        self._finish(req, finish, stop_reason, now, TokenEvent([tok], text))
+
+    def _check_stop_strings(self, req: SimRequest, text: str) -> tuple[str, str | None, str | None]:
+        before = req.output_text
+        combined = before + text
+        window_start = max(0, len(before) - max(len(s) for s in req.params.stop) + 1)
+        for s in req.params.stop:
+            at = combined.find(s, window_start)
+            if at >= 0:
+                end = at + len(s) if req.params.include_stop_str_in_output else at
+                # Text before the stop string was already emitted; drop what follows it.
+                return combined[len(before):end] if end > len(before) else "", "stop", s
+        return text, None, None
+
+    def _finish(
+        self,
+        req: SimRequest,
+        reason: str,
+        stop_reason: int | str | None,
+        now: float | None,
+        event: TokenEvent | None = None,
+    ) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        req.finished_at = now
+        self.requests.pop(req.request_id, None)
+        self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+        if req.do_remote_decode and reason in ("stop", "length") and now is not None:
+            self.held[req.request_id] = (req, now + self.hold_timeout_s)
+        else:
+            self.pool.free(req.blocks)
+            req.blocks = []
+        self.listener.on_finished(req)
+        ev = event or TokenEvent([], "")
+        ev.finish_reason = reason
+        ev.stop_reason = stop_reason
+        req.stream.put(ev)
+
+    def iter_requests(self) -> Iterator[SimRequest]:
+        return iter(self.requests.values())

@@ -1,0 +1,176 @@
+"""One simulated engine: the core's step loop on an engine clock, request entry and exit,
+and the decode side of P/D KV transfers.
+
+The loop plans a step, waits until the engine clock reaches its end, then applies it. When the
+process is too busy to wake on time, steps end late; `lag_fraction()` says how much later than
+planned, which is how far the engine clock fell behind real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Any
+
+import aiohttp
+
+from simulator.core import EngineCore
+from simulator.faults import FaultState
+from simulator.lm import DeterministicLM
+from simulator.metrics import SimMetrics
+from simulator.profiles import Profile
+from simulator.request import GenerationParams, SimRequest
+from simulator.simtime import SimTime
+from simulator.tokenizer import Tokenizer
+
+# How often (real seconds) an idle engine wakes to expire P/D blocks nobody read.
+_IDLE_WAKE_S = 1.0
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        profile: Profile,
+        tokenizer: Tokenizer,
+        time: SimTime,
+        model_name: str,
+        engine_id: str,
+    ) -> None:
+        self.profile = profile
+        self.tokenizer = tokenizer
+        self.lm = DeterministicLM(tokenizer.generatable, profile.eos_probability)
+        self.time = time
+        self.model_name = model_name
+        self.engine_id = engine_id
+        self.faults = FaultState()
+        self.metrics = SimMetrics(model_name, profile)
+        self.core = EngineCore(profile, tokenizer, self.lm, self.metrics)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ids = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self._pulls: set[asyncio.Task[None]] = set()
+        # Engine seconds the steps were planned to take, and took.
+        self.planned_busy = 0.0
+        self.actual_busy = 0.0
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for pull in list(self._pulls):
+            pull.cancel()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def reset(self) -> None:
+        """Forget every request and all cache contents, as a restarted engine would."""
+        for req in list(self.core.iter_requests()):
+            self.core.abort(req.request_id)
+        self.metrics = SimMetrics(self.model_name, self.profile)
+        self.core = EngineCore(self.profile, self.tokenizer, self.lm, self.metrics)
+        self.core.slowdown = self.faults.settings.slowdown
+        self._wake.set()
+
+    # ---- requests ---------------------------------------------------------------------------
+    def new_request(
+        self, request_id: str, prompt_ids: list[int], params: GenerationParams
+    ) -> SimRequest:
+        if request_id in self.core.requests:  # a repeated X-Request-Id: keep ids unique
+            request_id = f"{request_id}-{next(self._ids)}"
+        return SimRequest(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            params=params,
+            arrival=self.time.now(),
+            lm_state=self.lm.context_state(prompt_ids),
+        )
+
+    def submit(self, req: SimRequest) -> None:
+        self.core.add_request(req)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> bool:
+        found = self.core.abort(request_id)
+        if found:
+            self._wake.set()
+        return found
+
+    def submit_remote_prefill(self, req: SimRequest, kv: dict[str, Any]) -> None:
+        """Decode side of P/D: pull the prompt's KV from the prefill engine named in `kv`,
+        then decode; if the blocks cannot be reserved or pulled, prefill locally."""
+        to_load = self.core.begin_remote_prefill(req)
+        self._wake.set()
+        if to_load is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._pull(req, kv, to_load))
+        self._pulls.add(task)
+        task.add_done_callback(self._pulls.discard)
+
+    async def _pull(self, req: SimRequest, kv: dict[str, Any], to_load: int) -> None:
+        ok = False
+        try:
+            if self._session is None:
+                self._session = aiohttp.ClientSession()
+            url = f"http://{kv['remote_host']}:{kv['remote_port']}/_sim/kv/pull"
+            payload = {"remote_request_id": kv.get("remote_request_id"),
+                       "remote_block_ids": kv.get("remote_block_ids"),
+                       "remote_engine_id": kv.get("remote_engine_id")}
+            timeout = aiohttp.ClientTimeout(total=10)
+            async with self._session.post(url, json=payload, timeout=timeout) as resp:
+                ok = resp.status == 200
+            if ok:
+                nbytes = to_load * self.profile.kv_bytes_per_token
+                seconds = nbytes / self.profile.kv_transfer_bandwidth_bytes_per_s
+                await self.time.sleep_until(self.time.now() + seconds)
+                self.metrics.nixl_xfer_time.observe(seconds)
+                self.metrics.nixl_bytes.observe(nbytes)
+        except (aiohttp.ClientError, TimeoutError, KeyError, OSError):
+            ok = False
+        self.core.finish_remote_prefill(req, ok)
+        self._wake.set()
+
+    def release_held(self, request_id: str) -> SimRequest | None:
+        req = self.core.release_held(request_id)
+        if req is not None:
+            self._wake.set()
+        return req
+
+    # ---- the step loop ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            await self.faults.unhung.wait()
+            core = self.core
+            core.slowdown = self.faults.settings.slowdown
+            now = self.time.now()
+            if core.held:
+                core.expire_held(now)
+            step = core.schedule(now)
+            if step is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), _IDLE_WAKE_S)
+                continue
+            await self.time.sleep_until(now + step.duration)
+            await self.faults.unhung.wait()  # a hang that began mid-step holds its result
+            end = self.time.now()
+            self.planned_busy += step.duration
+            self.actual_busy += end - now
+            if core is self.core:  # not reset (crash) while the step ran
+                core.finish_step(step, end)
+
+    def lag_fraction(self) -> float:
+        """How much longer steps took than planned, as a fraction of the time they took."""
+        if self.actual_busy <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.planned_busy / self.actual_busy)

@@ -1,0 +1,204 @@
+"""vLLM's /metrics for one simulated engine: the same names, labels and buckets as vLLM 0.32.
+
+One CollectorRegistry per engine (no process globals). Gauges that mirror scheduler state are
+read from the engine core when the page is rendered, so a scrape always sees the current state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+
+from simulator.core import CoreListener, EngineCore, Step
+from simulator.profiles import Profile
+from simulator.request import SimRequest
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+NIXL_XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0,
+                     2.0, 5.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def buckets_1_2_5(max_value: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value, as vLLM builds its token-count buckets."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exponent
+            if v > max_value:
+                return out
+            out.append(float(v))
+        exponent += 1
+
+
+class _WithoutCreated:
+    """vLLM turns off the `_created` series; prometheus_client only offers a process-wide
+    switch for that, so this view drops them per registry instead."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+class SimMetrics(CoreListener):
+    def __init__(
+        self, model_name: str, profile: Profile, engine_index: str = "0",
+        token_buckets: Sequence[float] | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        names = ["model_name", "engine"]
+        lv = (model_name, engine_index)
+        tok_buckets = list(token_buckets or buckets_1_2_5(profile.max_model_len))
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=r, multiprocess_mode="mostrecent")
+
+        self.running = gauge("vllm:num_requests_running",
+                             "Number of requests in model execution batches.").labels(*lv)
+        self.waiting = gauge("vllm:num_requests_waiting",
+                             "Number of requests waiting to be processed.").labels(*lv)
+        by_reason = Gauge("vllm:num_requests_waiting_by_reason",
+                          "Number of requests waiting, by the reason they wait.",
+                          [*names, "reason"], registry=r, multiprocess_mode="mostrecent")
+        self.waiting_capacity = by_reason.labels(*lv, "capacity")
+        self.waiting_deferred = by_reason.labels(*lv, "deferred")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
+                              "KV-cache usage. 1 means 100 percent usage.").labels(*lv)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, names, registry=r)
+
+        self.preemptions = counter("vllm:num_preemptions",
+                                   "Cumulative number of preemption from the engine.").labels(*lv)
+        self.prompt_tokens = counter("vllm:prompt_tokens",
+                                     "Number of prefill tokens processed.").labels(*lv)
+        self.generation_tokens = counter("vllm:generation_tokens",
+                                         "Number of generation tokens processed.").labels(*lv)
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.").labels(*lv)
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.").labels(*lv)
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          [*names, "finished_reason"], registry=r)
+        self.success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
+
+        def hist(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, names, buckets=list(buckets), registry=r)
+
+        self.iteration_tokens = hist("vllm:iteration_tokens_total",
+                                     "Histogram of number of tokens per engine_step.",
+                                     [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                      16384]).labels(*lv)
+        self.req_prompt_tokens = hist("vllm:request_prompt_tokens",
+                                      "Number of prefill tokens processed.",
+                                      tok_buckets).labels(*lv)
+        self.req_generation_tokens = hist("vllm:request_generation_tokens",
+                                          "Number of generation tokens processed.",
+                                          tok_buckets).labels(*lv)
+        self.req_max_tokens = hist("vllm:request_params_max_tokens",
+                                   "Histogram of the max_tokens request parameter.",
+                                   tok_buckets).labels(*lv)
+        self.req_n = hist("vllm:request_params_n", "Histogram of the n request parameter.",
+                          [1, 2, 5, 10, 20]).labels(*lv)
+        self.ttft = hist("vllm:time_to_first_token_seconds",
+                         "Histogram of time to first token in seconds.", TTFT_BUCKETS).labels(*lv)
+        self.itl = hist("vllm:inter_token_latency_seconds",
+                        "Histogram of inter-token latency in seconds.", ITL_BUCKETS).labels(*lv)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.",
+                         ITL_BUCKETS).labels(*lv)
+        self.e2e = hist("vllm:e2e_request_latency_seconds",
+                        "Histogram of e2e request latency in seconds.",
+                        REQUEST_LATENCY_BUCKETS).labels(*lv)
+        self.queue_time = hist("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.",
+                               REQUEST_LATENCY_BUCKETS).labels(*lv)
+        self.inference_time = hist("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.",
+                                   REQUEST_LATENCY_BUCKETS).labels(*lv)
+        self.prefill_time = hist("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.",
+                                 REQUEST_LATENCY_BUCKETS).labels(*lv)
+        self.decode_time = hist("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.",
+                                REQUEST_LATENCY_BUCKETS).labels(*lv)
+        # The decode side of P/D reports its KV pulls, as vLLM's NixlConnector does.
+        self.nixl_xfer_time = hist("vllm:nixl_xfer_time_seconds",
+                                   "Histogram of transfer duration for NIXL KV Cache transfers.",
+                                   NIXL_XFER_BUCKETS).labels(*lv)
+        self.nixl_bytes = hist("vllm:nixl_bytes_transferred",
+                               "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                               [2.0**k for k in range(10, 36, 2)]).labels(*lv)
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+              ["block_size", "cache_dtype", "enable_prefix_caching", "engine",
+               "gpu_memory_utilization", "num_gpu_blocks", "prefix_caching_hash_algo"],
+              registry=r, multiprocess_mode="mostrecent").labels(
+            block_size=str(profile.block_size), cache_dtype="auto",
+            enable_prefix_caching=str(profile.enable_prefix_caching), engine=engine_index,
+            gpu_memory_utilization="0.9", num_gpu_blocks=str(profile.num_gpu_blocks),
+            prefix_caching_hash_algo="sha256").set(1)
+
+    # ---- CoreListener ---------------------------------------------------------------------
+    def on_step(self, step: Step) -> None:
+        self.iteration_tokens.observe(step.new_tokens)
+
+    def on_preempt(self, req: SimRequest) -> None:
+        self.preemptions.inc()
+
+    def on_prefix_query(self, queried: int, hit: int) -> None:
+        self.prefix_queries.inc(queried)
+        if hit:
+            self.prefix_hits.inc(hit)
+
+    def on_token(self, req: SimRequest, now: float, first: bool) -> None:
+        self.generation_tokens.inc()
+        if first:
+            self.prompt_tokens.inc(len(req.prompt_ids))
+            self.ttft.observe(now - req.arrival)
+        elif req.last_token_at is not None:
+            self.itl.observe(now - req.last_token_at)
+
+    def on_finished(self, req: SimRequest) -> None:
+        reason = req.finish_reason or "abort"
+        self.success[reason if reason in self.success else "abort"].inc()
+        if reason == "abort" or req.finished_at is None:
+            return
+        end = req.finished_at
+        self.e2e.observe(end - req.arrival)
+        self.req_prompt_tokens.observe(len(req.prompt_ids))
+        self.req_generation_tokens.observe(len(req.output_ids))
+        self.req_max_tokens.observe(req.params.max_tokens)
+        self.req_n.observe(1)
+        if req.first_scheduled is not None:
+            self.queue_time.observe(req.first_scheduled - req.arrival)
+            self.inference_time.observe(end - req.first_scheduled)
+            if req.first_token_at is not None:
+                self.prefill_time.observe(req.first_token_at - req.first_scheduled)
+        if req.first_token_at is not None:
+            self.decode_time.observe(end - req.first_token_at)
+            if len(req.output_ids) > 1:
+                self.tpot.observe((end - req.first_token_at) / (len(req.output_ids) - 1))
+
+    # ---- rendering ------------------------------------------------------------------------
+    def render(self, core: EngineCore) -> bytes:
+        self.running.set(len(core.running))
+        self.waiting.set(core.num_waiting())
+        self.waiting_capacity.set(core.num_waiting())
+        self.waiting_deferred.set(0)
+        self.kv_usage.set(core.pool.usage())
+        return generate_latest(_WithoutCreated(self.registry))

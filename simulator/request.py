@@ -1,0 +1,115 @@
+"""One request inside a simulated engine: its parameters, progress, cache blocks and timestamps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from simulator.kv_cache import BlockHash
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    max_tokens: int
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """What one engine step produced for a request: new tokens, their text, maybe the end."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class OutputStream:
+    """Single-consumer channel from the engine loop to the HTTP handler.
+
+    Events that arrive while the consumer is busy are merged into one, as vLLM's output
+    collector does, so a slow client gets fewer, larger chunks instead of a growing backlog.
+    """
+
+    __slots__ = ("_events", "_waiter")
+
+    def __init__(self) -> None:
+        self._events: deque[TokenEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: TokenEvent) -> None:
+        if self._events:
+            last = self._events[-1]
+            last.token_ids.extend(event.token_ids)
+            last.text += event.text
+            last.finish_reason = event.finish_reason
+            last.stop_reason = event.stop_reason
+        else:
+            self._events.append(event)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def get(self) -> TokenEvent:
+        while not self._events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._events.popleft()
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    arrival: float
+    lm_state: int  # rolling hash of prompt + outputs so far
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    # Timestamps in engine seconds.
+    first_scheduled: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    num_preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    # P/D: hold the blocks after finishing, for a decode engine to read.
+    do_remote_decode: bool = False
+    # P/D: where the prompt's KV was pulled from (decode side), and what the prefill answered.
+    kv_transfer_params: dict[str, Any] | None = None
+    stream: OutputStream = field(default_factory=OutputStream)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

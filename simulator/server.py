@@ -1,0 +1,403 @@
+"""The HTTP face of one simulated engine, on aiohttp.web (light enough for thousands of
+concurrent streams in one process), answering as `vllm serve` does.
+
+Admin endpoints, not in vLLM, live under `/_sim/`: faults, state, and the KV pull that a
+decode engine sends to a prefill engine (our stand-in for NIXL's side channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from fleet.types import Role
+from simulator.engine import Engine
+from simulator.faults import parse_fault_update
+from simulator.openai_api import (
+    CHAT,
+    COMPLETIONS,
+    ApiError,
+    ChunkWriter,
+    ParsedRequest,
+    error_body,
+    full_response,
+    parse_request,
+    response_id,
+)
+from simulator.request import SimRequest
+
+VLLM_VERSION = "0.32.0"
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+class _StreamCut(Exception):
+    """A fault cut this stream."""
+
+
+class EngineServer:
+    """One engine on its own port. `crash()` and `recover()` emulate a dying process."""
+
+    def __init__(self, engine: Engine, host: str, port: int, role: Role = Role.BOTH) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.role = role
+        self.in_flight = 0
+        self.crashed = False
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._recover_task: asyncio.Task[None] | None = None
+        self._crash_task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def faults(self) -> Any:
+        return self.engine.faults
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._hang_middleware], client_max_size=64 << 20)
+        r = app.router
+        r.add_get("/health", self._health)
+        r.add_get("/ping", self._health)
+        r.add_get("/version", self._version)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/load", self._load)
+        r.add_get("/metrics", self._metrics)
+        r.add_post("/tokenize", self._tokenize)
+        r.add_post("/detokenize", self._detokenize)
+        r.add_post("/v1/completions", self._completions)
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/inference/v1/abort_requests", self._abort_requests)
+        r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        r.add_get("/_sim/faults", self._get_faults)
+        r.add_post("/_sim/faults", self._set_faults)
+        r.add_delete("/_sim/faults", self._clear_faults)
+        r.add_get("/_sim/state", self._state)
+        r.add_post("/_sim/kv/pull", self._kv_pull)
+        # handler_cancellation: a client that disconnects cancels its handler at once, which
+        # aborts its request in the engine (vLLM does the same on disconnect).
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=0.5)
+        await self._runner.setup()
+        await self._listen()
+        self.engine.start()
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True,
+                           backlog=4096)
+        await site.start()
+        self._site = site
+        if self.port == 0:
+            server = site._server
+            assert server is not None
+            sockets = getattr(server, "sockets", None) or []
+            self.port = int(sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        for task in (self._recover_task, self._crash_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        await self.engine.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def crash(self, recover_after_s: float | None = None) -> None:
+        """Stop answering: refuse new connections, cut open ones, forget all requests."""
+        if self.crashed:
+            return
+        self.crashed = True
+        self.engine.faults.settings.crash = True
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        if self._runner is not None and self._runner.server is not None:
+            for handler in list(self._runner.server.connections):
+                transport = handler.transport
+                if transport is not None:
+                    transport.abort()
+        self.engine.reset()
+        if recover_after_s is not None:
+            self._recover_task = asyncio.get_running_loop().create_task(
+                self._recover_later(recover_after_s))
+
+    async def _recover_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self.recover()
+
+    async def recover(self) -> None:
+        """Answer again, as a freshly restarted engine on the same port."""
+        if not self.crashed:
+            return
+        settings = self.engine.faults.settings
+        settings.crash = False
+        settings.die_after_tokens = None  # otherwise the restarted engine would die again
+        await self._listen()
+        self.crashed = False
+
+    def _crash_soon(self) -> None:
+        if self._crash_task is None or self._crash_task.done():
+            delay = self.engine.faults.settings.recover_after_s
+            self._crash_task = asyncio.get_running_loop().create_task(self.crash(delay))
+
+    # ---- middleware -------------------------------------------------------------------------
+    @web.middleware
+    async def _hang_middleware(self, request: web.Request, handler: _Handler
+                               ) -> web.StreamResponse:
+        if not request.path.startswith("/_sim/"):
+            await self.engine.faults.unhung.wait()
+        return await handler(request)
+
+    # ---- plain endpoints ----------------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json({"version": VLLM_VERSION})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        name = self.engine.model_name
+        created = int(time.time())
+        return _json({"object": "list", "data": [{
+            "id": name, "object": "model", "created": created, "owned_by": "vllm",
+            "root": name, "parent": None, "max_model_len": self.engine.profile.max_model_len,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                "created": created, "allow_create_engine": False, "allow_sampling": True,
+                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                "allow_fine_tuning": False, "organization": "*", "group": None,
+                "is_blocking": False}],
+        }]})
+
+    async def _load(self, request: web.Request) -> web.Response:
+        return _json({"server_load": self.in_flight})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.engine.metrics.render(self.engine.core)
+        return web.Response(body=body, headers={
+            "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def _read_json(self, request: web.Request) -> Any:
+        try:
+            return orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            raise ApiError(f"invalid JSON: {e}") from e
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        tok = self.engine.tokenizer
+        try:
+            body = await self._read_json(request)
+            if not isinstance(body, dict):
+                raise ApiError("the request body must be a JSON object")
+            if "messages" in body:
+                ids = parse_request(CHAT, {**body, "model": self.engine.model_name}, tok,
+                                    self.engine.model_name, 1 << 62).prompt_ids
+            else:
+                prompt = body.get("prompt")
+                if not isinstance(prompt, str):
+                    raise ApiError("prompt must be a string", param="prompt")
+                ids = tok.encode(prompt, add_bos=body.get("add_special_tokens", True) is not False)
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        strs = [tok.piece(t) for t in ids] if body.get("return_token_strs") else None
+        return _json({"count": len(ids), "max_model_len": self.engine.profile.max_model_len,
+                      "tokens": ids, "token_strs": strs})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._read_json(request)
+            tokens = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise ApiError("tokens must be a list of integers", param="tokens")
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        return _json({"prompt": self.engine.tokenizer.decode(tokens)})
+
+    async def _abort_requests(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._read_json(request)
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        ids = body.get("request_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            return _json(error_body("request_ids must be a list", 400, "request_ids"), 400)
+        aborted = []
+        for rid in ids:
+            for candidate in (str(rid), f"cmpl-{rid}", f"chatcmpl-{rid}"):
+                if self.engine.abort(candidate):
+                    aborted.append(rid)
+                    break
+        return _json({"aborted": aborted})
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        ok = self.engine.core.pool.reset_prefix_cache()
+        return web.Response(status=200 if ok else 409)
+
+    # ---- admin ------------------------------------------------------------------------------
+    async def _get_faults(self, request: web.Request) -> web.Response:
+        return _json(self.engine.faults.settings.to_json())
+
+    async def _set_faults(self, request: web.Request) -> web.Response:
+        try:
+            update = parse_fault_update(await self._read_json(request))
+        except (ApiError, ValueError) as e:
+            return _json(error_body(str(e), 400), 400)
+        crash = update.pop("crash", False)
+        self.engine.faults.apply(update)
+        if crash:
+            self._crash_soon()  # after this answer has been sent
+        return _json(self.engine.faults.settings.to_json())
+
+    async def _clear_faults(self, request: web.Request) -> web.Response:
+        self.engine.faults.apply({"hang": False, "error_rate": 0.0, "slowdown": 1.0,
+                                  "die_after_tokens": None, "cut_stream_after_tokens": None,
+                                  "recover_after_s": None})
+        return _json(self.engine.faults.settings.to_json())
+
+    async def _state(self, request: web.Request) -> web.Response:
+        core = self.engine.core
+        c = core.counters
+        return _json({
+            "engine_id": self.engine.engine_id, "role": str(self.role),
+            "running": len(core.running), "waiting": core.num_waiting(),
+            "kv_usage": core.pool.usage(), "free_blocks": core.pool.num_free,
+            "num_blocks": core.pool.num_blocks, "held_for_transfer": len(core.held),
+            "in_flight": self.in_flight, "steps": c.steps, "preemptions": c.preemptions,
+            "prefix_queries": c.prefix_queries, "prefix_hits": c.prefix_hits,
+            "finished": c.finished, "lag_fraction": self.engine.lag_fraction(),
+            "engine_time": self.engine.time.now(), "faults": self.engine.faults.settings.to_json(),
+        })
+
+    async def _kv_pull(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._read_json(request)
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        rid = body.get("remote_request_id") if isinstance(body, dict) else None
+        req = self.engine.release_held(str(rid))
+        if req is None:
+            return _json(error_body(f"no blocks held for request {rid}", 404), 404)
+        return _json({"num_tokens": req.num_computed, "num_blocks": len(body.get(
+            "remote_block_ids") or [])})
+
+    # ---- completions --------------------------------------------------------------------------
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, COMPLETIONS)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, CHAT)
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        engine = self.engine
+        try:
+            body = await self._read_json(request)
+            p = parse_request(kind, body, engine.tokenizer, engine.model_name,
+                              engine.profile.max_model_len)
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        if engine.faults.should_error():
+            return _json(error_body("simulated engine error", 500), 500)
+        base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        rid = response_id(kind, base)
+        req = engine.new_request(rid, p.prompt_ids, p.params)
+        kv = p.kv_transfer_params
+        if kv and kv.get("do_remote_decode"):
+            req.do_remote_decode = True
+        self.in_flight += 1
+        try:
+            if kv and kv.get("do_remote_prefill") and kv.get("remote_host"):
+                engine.submit_remote_prefill(req, kv)
+            else:
+                engine.submit(req)
+            if p.stream:
+                return await self._stream(request, p, rid, req)
+            return await self._complete(p, rid, req)
+        finally:
+            self.in_flight -= 1
+            if not req.finished:
+                engine.abort(req.request_id)  # disconnected, cancelled or cut
+
+    async def _complete(self, p: ParsedRequest, rid: str, req: SimRequest) -> web.Response:
+        limit = self.engine.faults.settings.die_after_tokens
+        while True:
+            ev = await req.stream.get()
+            if limit is not None and len(req.output_ids) >= limit:
+                self._crash_soon()
+                await asyncio.sleep(3600)  # the crash cancels this handler
+            if ev.finish_reason is not None:
+                break
+        kv_out = self._kv_out(req)
+        return _json(full_response(p, rid, int(time.time()), req, kv_out))
+
+    def _kv_out(self, req: SimRequest) -> dict[str, Any] | None:
+        if not req.do_remote_decode or req.request_id not in self.engine.core.held:
+            return None
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": list(req.blocks),
+                "remote_engine_id": self.engine.engine_id,
+                "remote_request_id": req.request_id, "remote_host": self.host,
+                "remote_port": self.port, "tp_size": 1}
+
+    async def _stream(self, request: web.Request, p: ParsedRequest, rid: str,
+                      req: SimRequest) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        writer = ChunkWriter(p, rid, req.prompt_ids)
+        opening = writer.opening()
+        if opening is not None:
+            await resp.write(_sse(opening))
+        faults = self.engine.faults
+        tok = self.engine.tokenizer
+        try:
+            while True:
+                ev = await req.stream.get()
+                limit = faults.stream_limit()
+                ids, text = ev.token_ids, ev.text
+                finish, stop_reason = ev.finish_reason, ev.stop_reason
+                cut = False
+                if limit is not None and writer.completion_tokens + len(ids) >= limit:
+                    ids = ids[: max(0, limit - writer.completion_tokens)]
+                    text = "".join(tok.token_str(t) for t in ids)
+                    finish = stop_reason = None
+                    cut = True
+                if ids or finish is not None:
+                    await resp.write(_sse(writer.tokens(ids, text, finish, stop_reason)))
+                if cut:
+                    raise _StreamCut
+                if ev.finish_reason is not None:
+                    break
+        except _StreamCut:
+            if faults.settings.die_after_tokens is not None and \
+                    writer.completion_tokens >= faults.settings.die_after_tokens:
+                self._crash_soon()
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
+        final = writer.final_usage()
+        if final is not None:
+            await resp.write(_sse(final))
+        await resp.write(b"data: [DONE]\n\n")
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write_eof()
+        return resp

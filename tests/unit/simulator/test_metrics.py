@@ -1,0 +1,64 @@
+"""The /metrics page carries vLLM's names, labels and series shapes."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from simulator.core import EngineCore
+from simulator.lm import DeterministicLM
+from simulator.metrics import SimMetrics, buckets_1_2_5
+from simulator.tokenizer import Tokenizer
+from tests.unit.simulator.conftest import small_profile
+
+ROUTER_METRICS = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:cache_config_info": "gauge",
+}
+
+
+def _page(tokenizer: Tokenizer) -> str:
+    profile = small_profile()
+    metrics = SimMetrics("sim-x", profile)
+    core = EngineCore(profile, tokenizer, DeterministicLM(tokenizer.generatable), metrics)
+    return metrics.render(core).decode()
+
+
+def test_router_relevant_families_have_vllm_names_and_types(tokenizer: Tokenizer) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(_page(tokenizer))}
+    for name, kind in ROUTER_METRICS.items():
+        assert name in families, name
+        assert families[name].type == kind, name
+
+
+def test_every_series_has_model_and_engine_labels_and_no_created(tokenizer: Tokenizer) -> None:
+    page = _page(tokenizer)
+    assert "_created" not in page
+    for fam in text_string_to_metric_families(page):
+        for s in fam.samples:
+            assert s.labels.get("engine") == "0", s
+            if fam.name != "vllm:cache_config_info":
+                assert s.labels.get("model_name") == "sim-x", s
+
+
+def test_cache_config_info_describes_the_cache(tokenizer: Tokenizer) -> None:
+    page = _page(tokenizer)
+    info = next(f for f in text_string_to_metric_families(page)
+                if f.name == "vllm:cache_config_info")
+    labels = info.samples[0].labels
+    assert labels["block_size"] == "4" and labels["num_gpu_blocks"] == "16"
+    assert labels["enable_prefix_caching"] == "True"
+    assert "vllm:prefix_cache_hits_total{" in page
+
+
+def test_token_buckets_follow_1_2_5() -> None:
+    assert buckets_1_2_5(100) == [1, 2, 5, 10, 20, 50, 100]
