@@ -10,6 +10,7 @@ from typing import IO, Any
 import orjson
 
 from bench.records import RequestRecord
+from bench.summary import dig
 
 
 def git_info(cwd: Path | None = None) -> dict[str, Any]:
@@ -64,15 +65,6 @@ def _fmt(v: Any, digits: int = 1) -> str:
     return str(v)
 
 
-def _get(d: Mapping[str, Any], *path: str) -> Any:
-    node: Any = d
-    for k in path:
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(k)
-    return node
-
-
 SETTINGS_COLUMNS: tuple[tuple[str, tuple[str, ...], int], ...] = (
     ("requests", ("requests",), 0),
     ("errors", ("errors",), 0),
@@ -100,14 +92,18 @@ def settings_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     rows = [head, sep]
     for name, s in summaries.items():
         view = dict(s)
-        att = _get(s, "slo", "attainment")
+        att = dig(s, "slo", "attainment")
         view["slo"] = {
             **(s.get("slo") or {}),
             "attainment_pct": att * 100 if att is not None else None,
         }
-        rate = _get(s, "backend_metrics", "prefix_hit_rate")
+        rate = dig(s, "backend_metrics", "prefix_hit_rate")
         view["prefix_hit_pct"] = rate * 100 if rate is not None else None
-        cells = [_fmt(_get(view, *path), digits) for _, path, digits in SETTINGS_COLUMNS]
+        # Behind a router that sets no x-fleet-backend header, balance comes from /metrics.
+        if dig(s, "balance", "requests_max_over_min") is None:
+            snap = dig(s, "backend_metrics", "requests_max_over_min")
+            view["balance"] = {"requests_max_over_min": snap}
+        cells = [_fmt(dig(view, *path), digits) for _, path, digits in SETTINGS_COLUMNS]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

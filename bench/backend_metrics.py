@@ -17,6 +17,7 @@ COUNTERS: Mapping[str, tuple[str, ...]] = {
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
     "preemptions": ("vllm:num_preemptions_total",),
+    "requests": ("vllm:request_success_total",),  # summed over finished_reason
 }
 
 
@@ -76,6 +77,8 @@ def summarize_snapshots(
     """Per backend: counters before, after and their deltas; totals over all backends."""
     per: dict[str, Any] = {}
     total_q = total_h = 0.0
+    served: list[float] = []  # requests finished per backend, for balance behind any router
+    tokens: list[float] = []
     for bid in sorted(set(before) | set(after)):
         b, a = before.get(bid), after.get(bid)
         if b is None or a is None:
@@ -85,10 +88,22 @@ def summarize_snapshots(
         d = deltas(cb, ca)
         total_q += d.get("prefix_queries") or 0.0
         total_h += d.get("prefix_hits") or 0.0
+        if d.get("requests") is not None:
+            served.append(d["requests"] or 0.0)
+        if d.get("prompt_tokens") is not None:
+            tokens.append((d["prompt_tokens"] or 0.0) + (d.get("generation_tokens") or 0.0))
         per[bid] = {"before": cb, "after": ca, "delta": d}
     return {
         "backends": per,
         "prefix_queries": total_q,
         "prefix_hits": total_h,
         "prefix_hit_rate": total_h / total_q if total_q else None,
+        "requests_max_over_min": _max_over_min(served),
+        "tokens_max_over_min": _max_over_min(tokens),
     }
+
+
+def _max_over_min(values: Sequence[float]) -> float | None:
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    return max(values) / min(values)

@@ -28,7 +28,7 @@ from bench.paired import compare_settings
 from bench.plots import cdf_plot
 from bench.records import RequestRecord
 from bench.runner import Replay, RunOptions
-from bench.summary import summarize
+from bench.summary import dig, summarize
 from bench.workload import Workload
 
 
@@ -86,6 +86,11 @@ def _run_hook(command: str, setting: Setting, repeat: int) -> None:
     subprocess.run(command, shell=True, check=True, env=env)
 
 
+def _mean_over(runs: Sequence[RunResult], *keys: str) -> float | None:
+    vals = [v for run in runs if (v := dig(run.summary, *keys)) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
 def pooled_summary(
     runs: Sequence[RunResult], slo: Mapping[str, float], backends: Sequence[str]
 ) -> dict[str, Any]:
@@ -93,32 +98,23 @@ def pooled_summary(
     are sequential, so pooling their records would divide by one run's duration)."""
     records = [r for run in runs for r in run.records]
     s = summarize(records, slo, backends)
-    if runs:
-        for key in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
-            vals = [
-                run.summary["throughput"][key]
-                for run in runs
-                if run.summary["throughput"][key] is not None
-            ]
-            s["throughput"][key] = statistics.fmean(vals) if vals else None
-        goodputs = [
-            run.summary["slo"]["goodput_rps"]
-            for run in runs
-            if run.summary["slo"]["goodput_rps"] is not None
-        ]
-        s["slo"]["goodput_rps"] = statistics.fmean(goodputs) if goodputs else None
-        s["duration_s"] = sum(run.summary["duration_s"] for run in runs)
-        s["runs"] = len(runs)
-        q = sum(
-            (run.summary.get("backend_metrics") or {}).get("prefix_queries", 0.0) for run in runs
-        )
-        h = sum((run.summary.get("backend_metrics") or {}).get("prefix_hits", 0.0) for run in runs)
-        if any(run.summary.get("backend_metrics") for run in runs):
-            s["backend_metrics"] = {
-                "prefix_queries": q,
-                "prefix_hits": h,
-                "prefix_hit_rate": h / q if q else None,
-            }
+    if not runs:
+        return s
+    for key in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+        s["throughput"][key] = _mean_over(runs, "throughput", key)
+    s["slo"]["goodput_rps"] = _mean_over(runs, "slo", "goodput_rps")
+    s["duration_s"] = sum(run.summary["duration_s"] for run in runs)
+    s["runs"] = len(runs)
+    if any(run.summary.get("backend_metrics") for run in runs):
+        q = sum(dig(run.summary, "backend_metrics", "prefix_queries") or 0.0 for run in runs)
+        h = sum(dig(run.summary, "backend_metrics", "prefix_hits") or 0.0 for run in runs)
+        s["backend_metrics"] = {
+            "prefix_queries": q,
+            "prefix_hits": h,
+            "prefix_hit_rate": h / q if q else None,
+            "requests_max_over_min": _mean_over(runs, "backend_metrics", "requests_max_over_min"),
+            "tokens_max_over_min": _mean_over(runs, "backend_metrics", "tokens_max_over_min"),
+        }
     return s
 
 

@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lo.add_argument("--concurrency", type=int, default=8, help="closed-loop sessions at once")
     lo.add_argument("--max-sessions", type=int, help="open loop: cap on sessions in flight")
-    lo.add_argument("--duration", type=float, help="start no new session after S seconds")
+    lo.add_argument(
+        "--duration", type=float, help="send no new request after S seconds (in-flight finish)"
+    )
     lo.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     lo.add_argument(
         "--history",

@@ -16,6 +16,8 @@ from typing import Any
 
 from scipy import stats  # type: ignore[import-untyped]
 
+from bench.summary import dig
+
 NO_DIFFERENCE = "no difference"
 
 
@@ -80,11 +82,7 @@ COMPARED_METRICS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
 
 
 def metric_value(summary: Mapping[str, Any], path: Sequence[str]) -> float | None:
-    node: Any = summary
-    for key in path:
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
+    node = dig(summary, *path)
     return float(node) if isinstance(node, int | float) else None
 
 

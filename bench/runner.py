@@ -152,6 +152,8 @@ class Replay:
             if index and session.think_time_s > 0:
                 await asyncio.sleep(session.think_time_s)
                 scheduled = self._now()
+            if index and self._expired():
+                return
             results = await asyncio.gather(
                 *(
                     self._call(http, session, history, index, call, user, turn, scheduled)

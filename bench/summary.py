@@ -13,6 +13,15 @@ from bench.records import RequestRecord
 SLO_KEYS = ("ttft", "tpot", "e2e")
 
 
+def dig(d: Any, *keys: str) -> Any:
+    """d[k1][k2]... or None where a level is missing (summaries are nested JSON)."""
+    for k in keys:
+        if not isinstance(d, Mapping):
+            return None
+        d = d.get(k)
+    return d
+
+
 def parse_slo(specs: Sequence[str]) -> dict[str, float]:
     """`["ttft:500", "tpot:50"]` (milliseconds) -> {"ttft": 0.5, "tpot": 0.05} (seconds)."""
     out: dict[str, float] = {}

@@ -42,3 +42,24 @@ def test_backend_id_is_host_port() -> None:
     assert backend_id("http://127.0.0.1:8001/") == "127.0.0.1:8001"
     assert backend_id("localhost:9000") == "localhost:9000"
     assert backend_id("https://h.example/v1") == "h.example:443"
+
+
+def served(requests: int, prompt: int) -> str:
+    return (
+        "# TYPE vllm:request_success counter\n"
+        f'vllm:request_success_total{{finished_reason="stop",model_name="m"}} {requests - 1}\n'
+        f'vllm:request_success_total{{finished_reason="length",model_name="m"}} 1\n'
+        "# TYPE vllm:prompt_tokens counter\n"
+        f'vllm:prompt_tokens_total{{model_name="m"}} {prompt}\n'
+    )
+
+
+def test_balance_from_snapshots_when_no_header_names_the_backend() -> None:
+    before = {"a:1": served(1, 0), "b:2": served(1, 0)}
+    after = {"a:1": served(31, 3000), "b:2": served(11, 1000)}
+    s = summarize_snapshots(before, after)
+    assert s["backends"]["a:1"]["delta"]["requests"] == 30
+    assert s["requests_max_over_min"] == pytest.approx(3.0)
+    assert s["tokens_max_over_min"] == pytest.approx(3.0)
+    idle = summarize_snapshots(before, {"a:1": served(31, 3000), "b:2": served(1, 0)})
+    assert idle["requests_max_over_min"] is None  # one backend got nothing
