@@ -91,3 +91,12 @@ def test_salt_changes_text_but_keeps_the_sharing() -> None:
     assert a[0][:64] != b[0][:64]
     assert b[0][: 2 * BLOCK_CHARS] == b[1][: 2 * BLOCK_CHARS]
     assert [len(x) for x in a] == [len(x) for x in b]
+
+
+def test_the_simulator_tokenizes_filler_at_about_four_chars_per_token() -> None:
+    # The lengths a trace asks for are the lengths the engine sees (docs/simulator.md).
+    from simulator.tokenizer import Tokenizer
+
+    text = filler("ratio", 5000)
+    ratio = len(text) / len(Tokenizer().encode(text))
+    assert 3.8 < ratio < 4.2
