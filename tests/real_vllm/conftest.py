@@ -1,0 +1,48 @@
+"""Session fixtures of the real-vLLM tier (see tier.py for what they read)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.real_vllm.tier import Proxy, Tier, load_tier, start_proxy, state_file
+
+
+@pytest.fixture(scope="session")
+def tier() -> Tier:
+    """Two ordinary engines with prefix caching (engines.py start)."""
+    t = load_tier(state_file("FLEET_VLLM_STATE", "state.json"), "aggregated")
+    if len(t.engines) < 2:
+        pytest.skip("the tier runs fewer than 2 engines; start it with --count 2")
+    return t
+
+
+@pytest.fixture(scope="session")
+def pd_tier() -> Tier:
+    """One prefill and one decode engine with NixlConnector (engines.py start --pd-nixl)."""
+    return load_tier(state_file("FLEET_VLLM_PD_STATE", "pd-state.json"), "pd_nixl")
+
+
+@pytest.fixture(scope="session")
+def proxy_for(
+    tier: Tier, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Proxy]]:
+    """`fleet-proxy serve` in front of the tier's engines, one process per policy name."""
+    log_dir: Path = tmp_path_factory.mktemp("proxy-logs")
+    started: dict[str, Proxy] = {}
+
+    def get(policy: str) -> Proxy:
+        if policy not in started:
+            started[policy] = start_proxy(tier, policy, log_dir)
+        return started[policy]
+
+    yield get
+    for p in started.values():
+        p.stop()
+
+
+@pytest.fixture
+def proxy(proxy_for: Callable[[str], Proxy]) -> Proxy:
+    return proxy_for("round_robin")

@@ -1,0 +1,51 @@
+"""A client that disconnects mid-stream makes the real engine drop the request."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.real_vllm.tier import Proxy, Tier, engine_metric, wait_until
+
+pytestmark = pytest.mark.real_vllm
+
+MAX_TOKENS = 3000  # far more than can be generated in the second the engine has to drop it
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_disconnect_mid_stream_frees_the_engine(proxy: Proxy, tier: Tier, endpoint: str) -> None:
+    if endpoint == "/v1/completions":
+        body = {"model": tier.model, "prompt": "Tell me a long story about the river"}
+    else:
+        body = {"model": tier.model, "messages": [{"role": "user", "content": "A long story?"}]}
+    body |= {"max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+
+    client = httpx.Client(timeout=120)
+    resp = client.send(
+        client.build_request("POST", f"{proxy.url}{endpoint}", json=body), stream=True
+    )
+    assert resp.status_code == 200
+    engine = tier.by_backend_id(resp.headers["x-fleet-backend"])
+    finished_before = engine_metric(engine.url, "vllm:request_success_total")
+    generated_before = engine_metric(engine.url, "vllm:generation_tokens_total")
+    chunks = 0
+    for line in resp.iter_lines():
+        chunks += line.startswith("data: ")
+        if chunks >= 5:
+            break
+    assert engine_metric(engine.url, "vllm:num_requests_running") == 1
+
+    resp.close()  # the client goes away mid-stream
+    client.close()
+    closed_at = time.monotonic()
+    # The issue's requirement: the engine's running count is back to 0 within a second.
+    assert wait_until(
+        lambda: engine_metric(engine.url, "vllm:num_requests_running") == 0, timeout=1.0
+    ), f"still running {time.monotonic() - closed_at:.2f} s after the client left"
+    # Dropped, not finished: no request completed normally (vLLM does not count aborts in
+    # request_success_total) and far fewer tokens were generated than were asked for.
+    assert engine_metric(engine.url, "vllm:request_success_total") == finished_before
+    generated = engine_metric(engine.url, "vllm:generation_tokens_total") - generated_before
+    assert generated < MAX_TOKENS / 2

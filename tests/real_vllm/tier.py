@@ -1,0 +1,203 @@
+"""The real-vLLM tier as tests see it: engines from the state file, proxies in front of them.
+
+The engines are started by scripts/real_vllm/engines.py (which writes the state file); the
+tests only read that file, so one set of engines serves the whole session and a missing tier
+is a clear skip rather than a 5-minute install inside pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path.home() / ".cache" / "fleet-proxy" / "real-vllm"
+HOW_TO = (
+    "prepare and start it with `bash scripts/real_vllm/prepare.sh && "
+    "python3 scripts/real_vllm/engines.py start`, or run the whole tier with "
+    "`bash scripts/real_vllm/run_tier.sh`"
+)
+
+
+def unavailable(reason: str) -> None:
+    """Skip, or fail where the tier is required (CI sets FLEET_REAL_VLLM_REQUIRED=1)."""
+    if os.environ.get("FLEET_REAL_VLLM_REQUIRED") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    role: str
+    url: str
+    pid: int
+    log: str
+
+    @property
+    def backend_id(self) -> str:
+        """The proxy's default backend id: host:port of the URL."""
+        return self.url.removeprefix("http://")
+
+
+@dataclass(frozen=True)
+class Tier:
+    engines: tuple[Engine, ...]
+    model: str
+    model_dir: Path
+    max_model_len: int
+
+    def by_backend_id(self, backend_id: str) -> Engine:
+        for e in self.engines:
+            if e.backend_id == backend_id:
+                return e
+        raise KeyError(f"no engine with backend id {backend_id!r} in {self.engines}")
+
+    def other_than(self, engine: Engine) -> Engine:
+        return next(e for e in self.engines if e != engine)
+
+
+def load_tier(state_file: Path, mode: str) -> Tier:
+    if not state_file.exists():
+        unavailable(f"real-vLLM tier ({mode}) not running: no state file {state_file}; {HOW_TO}")
+    raw = json.loads(state_file.read_text())
+    if raw.get("mode") != mode:
+        unavailable(f"{state_file} describes a {raw.get('mode')!r} tier, these tests need {mode!r}")
+    engines = tuple(
+        Engine(e["name"], e["role"], e["url"], e["pid"], e["log"]) for e in raw["engines"]
+    )
+    for e in engines:
+        try:
+            ok = httpx.get(f"{e.url}/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if not ok:
+            unavailable(
+                f"engine {e.name} at {e.url} does not answer /health (log: {e.log}); {HOW_TO}"
+            )
+    return Tier(engines, raw["served_model_name"], Path(raw["model_dir"]), raw["max_model_len"])
+
+
+def state_file(env: str, default_name: str) -> Path:
+    return Path(os.environ.get(env, CACHE / default_name))
+
+
+# --- engine /metrics, parsed independently of fleet/vllm_metrics.py (the code under test) ---
+
+
+def engine_samples(url: str) -> list[tuple[str, dict[str, str], float]]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return [
+        (s.name, dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def engine_metric(url: str, name: str, **labels: str) -> float:
+    """Sum of a sample over the `engine` (and any unnamed) labels, e.g. num_requests_running."""
+    return sum(
+        value
+        for sample, sample_labels, value in engine_samples(url)
+        if sample == name and all(sample_labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def cache_config(url: str) -> dict[str, str]:
+    for name, labels, _ in engine_samples(url):
+        if name == "vllm:cache_config_info":
+            return labels
+    raise AssertionError(f"{url}/metrics has no vllm:cache_config_info")
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
+    """Poll `predicate` until true or `timeout` seconds pass; True when it became true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+# --- the proxy under test, as a subprocess on a free port ---
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fleet_proxy_command() -> list[str]:
+    script = Path(sys.executable).with_name("fleet-proxy")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "proxy.cli"]
+
+
+@dataclass
+class Proxy:
+    url: str
+    policy: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def backends(self) -> list[dict[str, Any]]:
+        resp = httpx.get(f"{self.url}/admin/backends", timeout=10)
+        resp.raise_for_status()
+        views: list[dict[str, Any]] = resp.json()
+        return views
+
+    def backend(self, backend_id: str) -> dict[str, Any]:
+        return next(b for b in self.backends() if b["id"] == backend_id)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def start_proxy(tier: Tier, policy: str, log_dir: Path, timeout: float = 60.0) -> Proxy:
+    port = free_port()
+    cmd = [*fleet_proxy_command(), "serve", "--port", str(port), "--policy", policy]
+    for e in tier.engines:
+        cmd += ["--backend", e.url]
+    log = log_dir / f"proxy-{policy}-{port}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    proxy = Proxy(f"http://127.0.0.1:{port}", policy, process, log)
+
+    def all_routable() -> bool:
+        if process.poll() is not None:
+            return True  # reported below
+        try:
+            if httpx.get(f"{proxy.url}/ready", timeout=2).status_code != 200:
+                return False
+            views = proxy.backends()
+        except httpx.HTTPError:
+            return False
+        return len(views) == len(tier.engines) and all(v["routable"] for v in views)
+
+    ready = wait_until(all_routable, timeout, interval=0.2)
+    if process.poll() is not None or not ready:
+        proxy.stop()
+        pytest.fail(f"`{' '.join(cmd)}` did not become ready:\n{proxy.log_tail()}", pytrace=False)
+    return proxy
