@@ -3,15 +3,16 @@
 vLLM caches KV per full block and names a block by a chained hash of everything before it, so
 a prefix that matches block i on a server matches blocks 0..i-1 too. Routers cannot see those
 hashes cheaply, so (like llm-d's approximate prefix scorer) we hash the prompt *text* in blocks
-of `chars_per_block` characters with a chained xxhash64 seeded by the model name, and remember
-which backend each block was last routed to. xxhash rather than hashlib: it is the hash llm-d
+of `chars_per_block` characters with a chained xxhash64 seeded by the model name (a block's
+hash covers the whole prefix up to it), and remember which backend each block was last routed
+to. xxhash rather than hashlib: it is the hash llm-d
 uses for exactly this and is several times faster than blake2b on short inputs; the index is
 approximate anyway, so a 64-bit non-cryptographic hash is enough.
 
 Each backend keeps an LRU of its blocks, bounded like its real KV cache: by default
 `default_capacity_blocks`, or, once the backend publishes `vllm:cache_config_info`,
 `block_size * num_gpu_blocks` tokens converted to text blocks. A reverse map block -> backends
-makes one lookup cost O(matched blocks x matching backends), independent of fleet size.
+makes one lookup cost O(backends holding the first block x log blocks).
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
 
 def block_hashes(text: str, model: str, chars_per_block: int) -> list[int]:
     """Chained hashes of the full `chars_per_block` blocks of `text`; a partial tail is not
-    cached by vLLM either, so it is not hashed."""
+    cached by vLLM either, so it is not hashed.
+
+    Block i's hash is the xxhash64 (seeded by the model name) of everything up to the end of
+    block i, taken from one running hash state: chained like vLLM's (a block's hash depends on
+    every block before it) while reading each byte once."""
     data = text.encode("utf-8", "surrogatepass")
     n_blocks = len(data) // chars_per_block
-    seed = xxhash.xxh64_intdigest(model.encode())
+    state = xxhash.xxh64(seed=xxhash.xxh64_intdigest(model.encode()))
+    view = memoryview(data)
     hashes: list[int] = []
-    prev = seed.to_bytes(8, "little")
     for i in range(n_blocks):
-        block = data[i * chars_per_block : (i + 1) * chars_per_block]
-        h = xxhash.xxh64_intdigest(prev + block, seed)
-        hashes.append(h)
-        prev = h.to_bytes(8, "little")
+        state.update(view[i * chars_per_block : (i + 1) * chars_per_block])
+        hashes.append(state.intdigest())
     return hashes
 
 
@@ -90,25 +93,26 @@ class PrefixIndex:
         return block_hashes(text, model, self.chars_per_block)
 
     def match(self, hashes: list[int]) -> PrefixMatch:
-        """How many leading blocks of `hashes` each backend holds."""
+        """How many leading blocks of `hashes` each backend holds.
+
+        A backend holding block i almost always holds blocks 0..i-1 too (hashes are chained
+        and eviction takes tails first, see `record`), so each backend that holds the first
+        block is binary-searched for its last held block: O(owners x log blocks) lookups
+        instead of walking every block."""
+        if not hashes:
+            return PrefixMatch(0, {}, self.chars_per_block)
+        first = self._owners.get(hashes[0])
         matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        depth = 0
-        for h in hashes:
-            owners = self._owners.get(h)
-            if not owners:
-                break
-            if alive is None:
-                alive = set(owners)
-            else:
-                for backend in alive - owners:
-                    matched[backend] = depth  # held every block before this one
-                alive &= owners
-                if not alive:
-                    break
-            depth += 1
-        for backend in alive or ():
-            matched[backend] = depth
+        for backend in first or ():
+            lru = self._blocks[backend]
+            lo, hi = 1, len(hashes)  # lru holds hashes[:lo]; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if hashes[mid - 1] in lru:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            matched[backend] = lo
         return PrefixMatch(len(hashes), matched, self.chars_per_block)
 
     def record(self, backend_id: str, hashes: Sequence[int]) -> None:

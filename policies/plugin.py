@@ -55,6 +55,7 @@ class SchedulingRequest:
     timer: PluginTimer | None = None
     _hashes: list[int] | None = None
     _match: PrefixMatch | None = None
+    _uncached: dict[str, int] | None = None
 
     def note(self, backend_id: str, key: str, value: float) -> None:
         """Record a named score for the decision receipt (only when explaining)."""
@@ -86,17 +87,28 @@ class SchedulingRequest:
         n = len(self.ctx.prompt_text)
         return 0.0 if n == 0 else min(1.0, self.cached_chars(backend_id) / n)
 
+    def uncached_by_backend(self) -> dict[str, int]:
+        """Uncached prompt tokens per backend holding part of the prompt; every other backend
+        has all `ctx.prompt_tokens` uncached. prompt_tokens is scaled by the uncached share of
+        the text, so this holds whichever token counter filled prompt_tokens."""
+        if self._uncached is None:
+            tokens = self.ctx.prompt_tokens
+            n = len(self.ctx.prompt_text)
+            match = self.prefix()
+            cpb = match.chars_per_block
+            self._uncached = (
+                {
+                    bid: max(0, round(tokens * (n - min(blocks * cpb, n)) / n))
+                    for bid, blocks in match.matched.items()
+                }
+                if n
+                else {}
+            )
+        return self._uncached
+
     def uncached_tokens(self, backend_id: str) -> int:
-        """Prompt tokens this backend would still have to prefill (prompt_tokens scaled by the
-        uncached share of the text, so it holds whichever token counter filled prompt_tokens)."""
-        tokens = self.ctx.prompt_tokens
-        n = len(self.ctx.prompt_text)
-        if n == 0:
-            return tokens
-        cached = self.cached_chars(backend_id)
-        if cached == 0:
-            return tokens
-        return max(0, round(tokens * (n - min(cached, n)) / n))
+        """Prompt tokens this backend would still have to prefill."""
+        return self.uncached_by_backend().get(backend_id, self.ctx.prompt_tokens)
 
 
 class Filter(Protocol):

@@ -23,13 +23,14 @@ from policies.plugin_base import PluginBase
 
 def lmetric_argmin(req: SchedulingRequest, candidates: Sequence[Backend], start: int) -> Backend:
     """The LMetric choice among non-empty `candidates`, ties going to the first from `start`."""
-    n = len(candidates)
     best: Backend | None = None
     best_key: tuple[float, int, float] = (0.0, 0, 0.0)
     explain = req.explain
-    for k in range(n):
-        b = candidates[(start + k) % n]
-        uncached = req.uncached_tokens(b.id)
+    uncached_at = req.uncached_by_backend()
+    all_uncached = req.ctx.prompt_tokens
+    rotated = [*candidates[start:], *candidates[:start]] if start else candidates
+    for b in rotated:
+        uncached = uncached_at.get(b.spec.id, all_uncached)
         p_tokens = b.load.pending_prefill_tokens + uncached
         bs = b.batch_size
         key = (p_tokens * bs, uncached, bs)
