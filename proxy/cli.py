@@ -37,18 +37,20 @@ def build_settings(args: argparse.Namespace) -> Settings:
     return load_settings(overrides, args.config)
 
 
-def banner(settings: Settings, port: int) -> str:
+def banner(settings: Settings, port: int, model: str = "<model>") -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     base = f"http://{host}:{port}/v1"
     return (
         f"fleet-proxy listening: base_url = {base}\n"
         f"try:  curl -s {base}/models\n"
         f"      curl -s {base}/completions -H 'content-type: application/json' "
-        '-d \'{"model": "<model>", "prompt": "Hello", "max_tokens": 16}\''
+        + '-d \'{"model": "'
+        + model
+        + '", "prompt": "Hello", "max_tokens": 16}\''
     )
 
 
-def run_serve(settings: Settings) -> int:
+def run_serve(settings: Settings, model: str = "<model>") -> int:
     import uvicorn
 
     from policies.registry import UnknownPolicy
@@ -57,6 +59,8 @@ def run_serve(settings: Settings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One line per scrape would drown everything else.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         app = create_app(settings)
     except (UnknownPolicy, ValueError) as e:
@@ -66,7 +70,7 @@ def run_serve(settings: Settings) -> int:
         logging.getLogger("fleet_proxy").warning(
             "no backends configured: add them with --backend URL or POST /admin/backends"
         )
-    print(banner(settings, settings.port), flush=True)
+    print(banner(settings, settings.port, model), flush=True)
     uvicorn.run(
         app,
         host=settings.host,

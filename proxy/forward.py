@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -120,7 +120,7 @@ class Forwarder:
         headers: dict[str, str] = {}
         for k, v in scope["headers"]:
             headers[k.decode("latin-1")] = v.decode("latin-1")
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        request_id = headers.get("x-request-id") or os.urandom(16).hex()
         status = 500
         try:
             body = await self._read_body(receive, headers)

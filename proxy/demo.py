@@ -1,0 +1,110 @@
+"""`fleet-proxy demo`: a simulated vLLM fleet plus the proxy, in one command.
+
+The simulator runs as a child process (it gets the machine's other core); the proxy runs in
+this one. Ctrl-C stops both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from proxy.cli import run_serve
+from proxy.settings import ConfigError, load_settings
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_healthy(urls: list[str], timeout: float, child: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(urls)
+    while pending and time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"the simulator exited with code {child.returncode}")
+        url = pending[0]
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
+                    pending.pop(0)
+                    continue
+        except OSError:
+            pass
+        time.sleep(0.1)
+    if pending:
+        raise RuntimeError(f"simulated engines not healthy after {timeout:.0f}s: {pending}")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="fleet-proxy demo",
+        description="Start a simulated vLLM fleet and fleet-proxy in front of it.",
+    )
+    p.add_argument("--port", type=int, default=8000, help="proxy port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="proxy address (default 127.0.0.1)")
+    p.add_argument("--engines", type=int, default=4, help="simulated engines (default 4)")
+    p.add_argument("--sim-base-port", type=int, default=8101, help="first engine port (8101)")
+    p.add_argument("--profile", default="h100-llama-8b", help="simulator performance profile")
+    p.add_argument("--speed", type=float, default=1.0, help="simulated clock speed-up")
+    p.add_argument("--policy", default=None, help="routing policy (default: the proxy's)")
+    args = p.parse_args(argv)
+    if args.engines < 1:
+        p.error("--engines must be at least 1")
+
+    ports = list(range(args.sim_base_port, args.sim_base_port + args.engines))
+    busy = [port for port in [*ports, args.port] if not port_free("127.0.0.1", port)]
+    if busy:
+        print(
+            f"fleet-proxy demo: port(s) {busy} already in use; "
+            "choose others with --port / --sim-base-port",
+            file=sys.stderr,
+        )
+        return 2
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    overrides: dict[str, object] = {"host": args.host, "port": args.port, "backends": urls}
+    if args.policy:
+        overrides["policy"] = args.policy
+    try:
+        settings = load_settings(overrides)
+    except ConfigError as e:
+        print(f"fleet-proxy demo: {e}", file=sys.stderr)
+        return 2
+
+    sim_cmd = [
+        sys.executable, "-m", "proxy.cli", "sim",
+        "--engines", str(args.engines),
+        "--base-port", str(args.sim_base_port),
+        "--profile", args.profile,
+        "--speed", str(args.speed),
+    ]  # fmt: skip
+    child = subprocess.Popen(sim_cmd, stdout=subprocess.DEVNULL)
+    try:
+        wait_healthy(urls, 60.0, child)
+        print(
+            f"simulated fleet: {args.engines} engine(s), profile {args.profile}, "
+            f"model sim-llama-8b, at {', '.join(urls)}",
+            flush=True,
+        )
+        return run_serve(settings, model="sim-llama-8b")
+    except RuntimeError as e:
+        print(f"fleet-proxy demo: {e}", file=sys.stderr)
+        return 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()

@@ -1,0 +1,252 @@
+"""Measure fleet-proxy's own overhead on loopback, optionally beside the Rust vllm-router.
+
+Starts two fast fake vLLM backends (scripts/perf/fast_fake_vllm.py), fleet-proxy in front of
+them (round_robin), and with --vllm-router the PyPI `vllm-router` in front of the same two;
+then drives each target with wrk (1 thread) non-streaming (16 tokens) and streaming (64 SSE
+events) at each concurrency, and at concurrency 1 for the latency fleet-proxy adds.
+Everything runs on this machine, so compare figures within one run only.
+
+    python scripts/perf/bench_proxy_overhead.py [--vllm-router] [--duration 8]
+
+Needs `wrk` (Debian package) on PATH. Writes runs/perf-<time>/results.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+LUA = """
+wrk.method = "POST"
+wrk.body = '{"model":"fake-model","prompt":"Say something about routers.","max_tokens":16%s}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer 200 within {timeout:.0f}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wrk(
+    url: str, concurrency: int, duration: float, stream: bool, lua_dir: Path
+) -> dict[str, float]:
+    script = lua_dir / ("stream.lua" if stream else "plain.lua")
+    if not script.exists():
+        script.write_text(LUA % (',"stream":true' if stream else ""))
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(duration))}s",
+            "--latency",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    lat = {m.group(1): _ms(m.group(2)) for m in re.finditer(r"\s+(50|99)%\s+([\d.]+\w+)", out)}
+    return {
+        "rps": rps,
+        "requests": total,
+        "non2xx": int(errors.group(1)) if errors else 0,
+        "p50_ms": lat.get("50", float("nan")),
+        "p99_ms": lat.get("99", float("nan")),
+    }
+
+
+def _ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(\w+)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
+    p.add_argument("--vllm-router", action="store_true", help="also measure PyPI vllm-router")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if shutil.which("wrk") is None:
+        print("wrk not found: apt-get install wrk", file=sys.stderr)
+        return 2
+    out_dir = args.out or ROOT / "runs" / time.strftime("perf-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lua_dir = Path(tempfile.mkdtemp())
+    py = sys.executable
+    ports = [free_port(), free_port()]
+    backends = [f"http://127.0.0.1:{p}" for p in ports]
+    proxy_port = free_port()
+    results: dict[str, object] = {"duration_s": args.duration, "runs": []}
+    runs: list[dict[str, object]] = results["runs"]  # type: ignore[assignment]
+
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(
+                process(
+                    [py, str(HERE / "fast_fake_vllm.py"), "--port", str(port)],
+                    out_dir / f"backend-{port}.log",
+                )
+            )
+        for b in backends:
+            wait_http(b + "/health")
+        fleet_cmd = [
+            py,
+            "-m",
+            "proxy.cli",
+            "serve",
+            "--port",
+            str(proxy_port),
+            "--policy",
+            "round_robin",
+            "--log-level",
+            "warning",
+        ]
+        for b in backends:
+            fleet_cmd += ["--backend", b]
+        proxy = stack.enter_context(process(fleet_cmd, out_dir / "fleet-proxy.log"))
+        wait_http(f"http://127.0.0.1:{proxy_port}/ready")
+        targets: list[tuple[str, str, int | None]] = [
+            ("direct", backends[0], None),
+            ("fleet-proxy", f"http://127.0.0.1:{proxy_port}", proxy.pid),
+        ]
+        if args.vllm_router:
+            exe = shutil.which("vllm-router") or str(Path(py).parent / "vllm-router")
+            vr_port = free_port()
+            vr = stack.enter_context(
+                process(
+                    [
+                        exe,
+                        "--port",
+                        str(vr_port),
+                        "--policy",
+                        "round_robin",
+                        "--worker-urls",
+                        *backends,
+                        "--log-level",
+                        "warning",
+                        "--prometheus-port",
+                        str(free_port()),
+                    ],
+                    out_dir / "vllm-router.log",
+                )
+            )
+            wait_http(f"http://127.0.0.1:{vr_port}/health", timeout=60)
+            targets.append(("vllm-router", f"http://127.0.0.1:{vr_port}", vr.pid))
+
+        for stream in (False, True):
+            for c in args.concurrency:
+                for name, base, pid in targets:
+                    before = cpu_seconds(pid) if pid else 0.0
+                    r = wrk(base + "/v1/completions", c, args.duration, stream, lua_dir)
+                    cpu = (cpu_seconds(pid) - before) if pid else 0.0
+                    row = {
+                        "target": name,
+                        "stream": stream,
+                        "concurrency": c,
+                        **r,
+                        "cpu_us_per_req": 1e6 * cpu / r["requests"] if pid else None,
+                    }
+                    runs.append(row)
+                    print(_line(row), flush=True)
+        for name, base, pid in targets[:2]:
+            r = wrk(base + "/v1/completions", 1, args.duration / 2, False, lua_dir)
+            row = {"target": name, "stream": False, "concurrency": 1, **r, "cpu_us_per_req": None}
+            runs.append(row)
+            print(_line(row), flush=True)
+
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out_dir / 'results.json'}")
+    _summary(runs)
+    return 0
+
+
+def _line(row: dict[str, object]) -> str:
+    cpu = row["cpu_us_per_req"]
+    return (
+        f"{row['target']:>12} {'stream' if row['stream'] else 'plain ':>6} c={row['concurrency']:<4}"
+        f" {row['rps']:>9.0f} req/s  p50 {row['p50_ms']:>7.2f} ms  p99 {row['p99_ms']:>7.2f} ms"
+        f"  non2xx {row['non2xx']}" + (f"  cpu {cpu:.0f} us/req" if cpu else "")
+    )
+
+
+def _summary(runs: list[dict[str, object]]) -> None:
+    def get(target: str, stream: bool, c: int) -> dict[str, object] | None:
+        for r in runs:
+            if (r["target"], r["stream"], r["concurrency"]) == (target, stream, c):
+                return r
+        return None
+
+    for stream in (False, True):
+        for c in sorted({int(r["concurrency"]) for r in runs if int(r["concurrency"]) > 1}):  # type: ignore[call-overload]
+            fp, vr = get("fleet-proxy", stream, c), get("vllm-router", stream, c)
+            if fp and vr:
+                ratio = float(fp["rps"]) / float(vr["rps"])  # type: ignore[arg-type]
+                print(
+                    f"{'stream' if stream else 'plain'} c={c}: fleet-proxy / vllm-router = {ratio:.2f}x"
+                )
+    d, f = get("direct", False, 1), get("fleet-proxy", False, 1)
+    if d and f:
+        added = float(f["p50_ms"]) - float(d["p50_ms"])  # type: ignore[arg-type]
+        print(f"added p50 latency at concurrency 1: {added:.3f} ms")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

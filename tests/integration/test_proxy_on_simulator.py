@@ -1,0 +1,159 @@
+"""The proxy in front of the simulator on real ports: the product as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+
+from simulator.fleet import SimFleet, start_fleet
+from tests.support.servers import fast_settings, running_proxy
+
+MODEL = "sim-llama-8b"
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    async with await start_fleet(2, speed=10.0) as f:
+        yield f
+
+
+def idle(f: SimFleet) -> bool:
+    return all(not s.engine.core.running and not s.engine.core.waiting for s in f.engines)
+
+
+async def test_openai_sdk_through_proxy_to_simulated_vllm(fleet: SimFleet) -> None:
+    async with running_proxy(fast_settings(fleet.urls)) as (url, _):
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        comp = await client.completions.create(model=MODEL, prompt="Hello there", max_tokens=8)
+        assert comp.usage is not None and comp.usage.completion_tokens == 8
+        chat = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6
+        )
+        assert chat.usage is not None and chat.usage.completion_tokens == 6
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, usage = [], None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text.append(chunk.choices[0].delta.content)
+            usage = chunk.usage or usage
+        assert usage is not None and usage.completion_tokens == 6
+        # Deterministic engines: the same request gives the same text on either backend.
+        assert "".join(text) == chat.choices[0].message.content
+        await client.close()
+
+
+async def test_disconnect_through_proxy_frees_the_engine(fleet: SimFleet) -> None:
+    async with running_proxy(fast_settings(fleet.urls)) as (url, app):
+        async with httpx.AsyncClient(base_url=url) as c:
+            body = {
+                "model": MODEL,
+                "prompt": "x " * 50,
+                "max_tokens": 4000,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.aiter_lines()
+                for _ in range(3):
+                    await anext(lines)
+                assert not idle(fleet)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not idle(fleet):
+            await asyncio.sleep(0.02)
+        assert idle(fleet)
+        for s in fleet.engines:
+            assert s.engine.core.requests == {}
+        assert len(app.core.live) == 0
+
+
+async def test_continuation_through_proxy_is_token_exact(fleet: SimFleet) -> None:
+    settings = fast_settings(fleet.urls, policy="round_robin")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {
+            "model": MODEL,
+            "prompt": "The fleet routes requests",
+            "max_tokens": 24,
+            "ignore_eos": True,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        full = (await c.post("/v1/completions", json=body)).json()
+        prompt_ids = full["choices"][0]["prompt_token_ids"] or full.get("prompt_token_ids")
+        out_ids = full["choices"][0]["token_ids"]
+        assert len(out_ids) == 24
+        first = None
+        for k in (1, 8, 20):
+            cont = {**body, "prompt": prompt_ids + out_ids[:k], "max_tokens": 24 - k}
+            r = await c.post("/v1/completions", json=cont)
+            first = first or r.headers["x-fleet-backend"]
+            assert r.json()["choices"][0]["token_ids"] == out_ids[k:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_command_serves_and_stops_cleanly() -> None:
+    port, sim_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "demo",
+            "--port",
+            str(port),
+            "--engines",
+            "1",
+            "--sim-base-port",
+            str(sim_port),
+            "--speed",
+            "10",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert ready, "demo never became ready"
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": MODEL, "prompt": "Hello", "max_tokens": 4},
+            timeout=10,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    text = out.decode()
+    assert f"base_url = http://127.0.0.1:{port}/v1" in text
+    assert '"model": "sim-llama-8b"' in text
+    # The simulator child is gone with the proxy: nothing answers on its port.
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{sim_port}/health", timeout=2)
