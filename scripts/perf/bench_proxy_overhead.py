@@ -49,10 +49,9 @@ def free_port() -> int:
 def wait_http(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+            if r.status == 200:
+                return
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer 200 within {timeout:.0f}s")
 
@@ -206,7 +205,7 @@ def main() -> int:
                     }
                     runs.append(row)
                     print(_line(row), flush=True)
-        for name, base, pid in targets[:2]:
+        for name, base, _pid in targets[:2]:
             r = wrk(base + "/v1/completions", 1, args.duration / 2, False, lua_dir)
             row = {"target": name, "stream": False, "concurrency": 1, **r, "cpu_us_per_req": None}
             runs.append(row)
@@ -221,7 +220,8 @@ def main() -> int:
 def _line(row: dict[str, object]) -> str:
     cpu = row["cpu_us_per_req"]
     return (
-        f"{row['target']:>12} {'stream' if row['stream'] else 'plain ':>6} c={row['concurrency']:<4}"
+        f"{row['target']:>12} {'stream' if row['stream'] else 'plain ':>6} "
+        f"c={row['concurrency']:<4}"
         f" {row['rps']:>9.0f} req/s  p50 {row['p50_ms']:>7.2f} ms  p99 {row['p99_ms']:>7.2f} ms"
         f"  non2xx {row['non2xx']}" + (f"  cpu {cpu:.0f} us/req" if cpu else "")
     )
@@ -240,7 +240,8 @@ def _summary(runs: list[dict[str, object]]) -> None:
             if fp and vr:
                 ratio = float(fp["rps"]) / float(vr["rps"])  # type: ignore[arg-type]
                 print(
-                    f"{'stream' if stream else 'plain'} c={c}: fleet-proxy / vllm-router = {ratio:.2f}x"
+                    f"{'stream' if stream else 'plain'} c={c}: "
+                    f"fleet-proxy / vllm-router = {ratio:.2f}x"
                 )
     d, f = get("direct", False, 1), get("fleet-proxy", False, 1)
     if d and f:
