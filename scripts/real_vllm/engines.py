@@ -66,7 +66,10 @@ def model_dir() -> Path:
     return Path(os.environ.get("FLEET_VLLM_MODEL_DIR", CACHE / "tiny-llama"))
 
 
-def state_path() -> Path:
+def state_path(pd_nixl: bool = False) -> Path:
+    """Separate files for the two set-ups, so a P/D pair can run beside the ordinary pair."""
+    if pd_nixl:
+        return Path(os.environ.get("FLEET_VLLM_PD_STATE", CACHE / "real-vllm" / "pd-state.json"))
     return Path(os.environ.get("FLEET_VLLM_STATE", CACHE / "real-vllm" / "state.json"))
 
 
@@ -225,11 +228,22 @@ def stop_engine(engine: Engine, grace: float = 20.0) -> None:
 
 
 def start(count: int, pd_nixl: bool, timeout: float) -> TierState:
-    venv, model, path = venv_dir(), model_dir(), state_path()
+    venv, model, path = venv_dir(), model_dir(), state_path(pd_nixl)
     if not (venv / "bin" / "python").exists():
         raise TierError(f"no vLLM venv at {venv}: run scripts/real_vllm/prepare.sh first")
     if not (model / "fleet-proxy-recipe.json").exists():
         raise TierError(f"no tiny model at {model}: run scripts/real_vllm/prepare.sh first")
+    if (
+        pd_nixl
+        and subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import nixl._api"],
+            capture_output=True,
+            check=False,
+        ).returncode
+    ):
+        raise TierError(
+            f"NIXL is not installed in {venv}: run scripts/real_vllm/prepare.sh --with-nixl"
+        )
     old = read_state(path)
     if old and any(is_our_engine(e.pid) for e in old.engines):
         raise TierError(f"engines from {path} still run: run `engines.py stop` first")
@@ -257,8 +271,8 @@ def start(count: int, pd_nixl: bool, timeout: float) -> TierState:
     return state
 
 
-def stop() -> int:
-    path = state_path()
+def stop(pd_nixl: bool) -> int:
+    path = state_path(pd_nixl)
     state = read_state(path)
     if state is None:
         print(f"[real-vllm] nothing to stop ({path} absent)", file=sys.stderr)
@@ -270,8 +284,8 @@ def stop() -> int:
     return 0
 
 
-def status() -> int:
-    path = state_path()
+def status(pd_nixl: bool) -> int:
+    path = state_path(pd_nixl)
     state = read_state(path)
     if state is None:
         print(f"not running ({path} absent)")
@@ -297,17 +311,19 @@ def main(argv: list[str]) -> int:
         "--pd-nixl", action="store_true", help="one prefill + one decode with NixlConnector"
     )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
-    sub.add_parser("stop", help="stop the engines recorded in the state file")
-    sub.add_parser("status", help="print the engines and whether they answer /health")
+    p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")
+    p_status = sub.add_parser("status", help="print the engines and whether they answer /health")
+    for p in (p_stop, p_status):
+        p.add_argument("--pd-nixl", action="store_true", help="the prefill/decode pair's state")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "start":
             state = start(args.count, args.pd_nixl, args.timeout)
-            print(state_path())
+            print(state_path(args.pd_nixl))
             return 0 if state.engines else 1
         if args.cmd == "stop":
-            return stop()
-        return status()
+            return stop(args.pd_nixl)
+        return status(args.pd_nixl)
     except TierError as exc:
         print(f"[real-vllm] ERROR: {exc}", file=sys.stderr)
         return 1

@@ -83,8 +83,11 @@ fi
 if [[ "$with_nixl" == 1 ]]; then
   if ! "$venv/bin/python" -c "import nixl._api" >/dev/null 2>&1; then
     say "installing nixl-cu12==$nixl_version and nixl==$nixl_version (--no-deps)"
-    "$venv/bin/python" -m pip install -q --no-deps "nixl-cu12==$nixl_version" "nixl==$nixl_version" \
-      || die "could not install the NIXL wheels"
+    if ! "$venv/bin/python" -m pip install --no-deps "nixl-cu12==$nixl_version" "nixl==$nixl_version" \
+        >"$venv/pip-nixl.log" 2>&1; then
+      tail -n 15 "$venv/pip-nixl.log" >&2
+      die "could not install the NIXL wheels (full log: $venv/pip-nixl.log)"
+    fi
     "$venv/bin/python" -c "import nixl._api" || die "NIXL installed but 'import nixl._api' fails"
   fi
 fi

@@ -15,22 +15,6 @@ from tests.real_vllm.tier import Proxy, Tier, cache_config, engine_metric
 
 pytestmark = pytest.mark.real_vllm
 
-WORDS = [
-    "river",
-    "mountain",
-    "city",
-    "sun",
-    "moon",
-    "star",
-    "tree",
-    "house",
-    "road",
-    "water",
-    "fire",
-    "stone",
-    "light",
-    "night",
-]
 REQUESTS = 4  # over 2 engines: at least one engine gets the prefix at least twice
 
 
@@ -41,7 +25,7 @@ def long_prefix(tier: Tier, min_tokens: int) -> tuple[str, int]:
     words = [uuid.uuid4().hex]
     engine = tier.engines[0]
     while True:
-        words += [rng.choice(WORDS) for _ in range(100)]
+        words += [f"w{rng.randrange(5000)}" for _ in range(100)]
         text = " ".join(words) + "\n"
         tokens = httpx.post(f"{engine.url}/tokenize", timeout=30,
                             json={"model": tier.model, "prompt": text}).json()["count"]  # fmt: skip

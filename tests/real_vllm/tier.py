@@ -44,6 +44,7 @@ class Engine:
     url: str
     pid: int
     log: str
+    nixl_side_channel_port: int | None = None
 
     @property
     def backend_id(self) -> str:
@@ -75,7 +76,8 @@ def load_tier(state_file: Path, mode: str) -> Tier:
     if raw.get("mode") != mode:
         unavailable(f"{state_file} describes a {raw.get('mode')!r} tier, these tests need {mode!r}")
     engines = tuple(
-        Engine(e["name"], e["role"], e["url"], e["pid"], e["log"]) for e in raw["engines"]
+        Engine(e["name"], e["role"], e["url"], e["pid"], e["log"], e.get("nixl_side_channel_port"))
+        for e in raw["engines"]
     )
     for e in engines:
         try:
