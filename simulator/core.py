@@ -92,6 +92,12 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self.running) or any(r.status is Status.WAITING for r in self.waiting)
 
+    def next_ready_at(self, now: float) -> float | None:
+        """When the first waiting request that is not ready yet becomes ready."""
+        pending = [r.ready_at for r in self.waiting
+                   if r.status is Status.WAITING and r.ready_at > now]
+        return min(pending) if pending else None
+
     def num_waiting(self) -> int:
         return len(self.waiting)
 
@@ -136,11 +142,14 @@ class EngineCore:
         req.status = Status.WAITING
         if ok:
             req.num_computed = len(req.prompt_ids) - 1
+            req.prefix_hit_tokens = req.num_cached_blocks * self.block_size
+            req.external_tokens = req.num_computed - req.prefix_hit_tokens
             self._register_full_blocks(req)
         else:
             self.pool.free(req.blocks)
             req.blocks = []
             req.num_cached_blocks = 0
+            req.prefix_hit_tokens = req.external_tokens = 0
 
     def release_held(self, request_id: str) -> SimRequest | None:
         """A decode engine read the blocks (or gave up): free them."""
@@ -196,6 +205,8 @@ class EngineCore:
                 if req.status is Status.WAITING_FOR_REMOTE_KVS:
                     skipped.append(self.waiting.popleft())
                     continue
+                if req.ready_at > now:
+                    break  # still in the API server; later arrivals are not ready either
                 admitted = self._admit(req, budget)
                 if admitted is None:
                     break

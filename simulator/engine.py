@@ -88,12 +88,14 @@ class Engine:
     ) -> SimRequest:
         if request_id in self.core.requests:  # a repeated X-Request-Id: keep ids unique
             request_id = f"{request_id}-{next(self._ids)}"
+        now = self.time.now()
         return SimRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
             params=params,
-            arrival=self.time.now(),
+            arrival=now,
             lm_state=self.lm.context_state(prompt_ids),
+            ready_at=now + self.profile.request_overhead_s,
         )
 
     def submit(self, req: SimRequest) -> None:
@@ -157,6 +159,10 @@ class Engine:
                 core.expire_held(now)
             step = core.schedule(now)
             if step is None:
+                ready_at = core.next_ready_at(now)
+                if ready_at is not None:  # a request is still in the API server
+                    await self.time.sleep_until(ready_at)
+                    continue
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), _IDLE_WAKE_S)

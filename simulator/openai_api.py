@@ -13,6 +13,8 @@ from typing import Any
 from simulator.request import GenerationParams, SimRequest
 from simulator.tokenizer import VOCAB_SIZE, Tokenizer
 
+VLLM_VERSION = "0.32.0"
+
 COMPLETIONS = "completions"
 CHAT = "chat"
 
@@ -117,15 +119,17 @@ def parse_request(
         raise ApiError("the request body must be a JSON object")
     model = body.get("model", served_model)
     if model != served_model:
-        raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
+        raise ApiError(f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+                       status=404, param="model")
     prompt_ids = (chat_prompt_ids(body, tokenizer) if kind == CHAT
                   else completion_prompt_ids(body, tokenizer))
     n_prompt = len(prompt_ids)
     if n_prompt >= max_model_len:  # no room for even one output token
         raise ApiError(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"prompt contains at least {n_prompt} input tokens. Please reduce the length of "
-            "the input prompt.", param="messages" if kind == CHAT else "prompt")
+            f"prompt contains at least {n_prompt} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={n_prompt})", param="input_tokens")
     n = _get_int(body, "n")
     if n is not None and n != 1:
         raise ApiError("the simulator supports n=1 only", param="n")
@@ -181,9 +185,19 @@ def response_id(kind: str, base: str) -> str:
     return f"{'chatcmpl' if kind == CHAT else 'cmpl'}-{base}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+def usage(prompt_tokens: int, completion_tokens: int, details: bool = True) -> dict[str, Any]:
+    """Final usage; streamed usage chunks leave out the two detail fields."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens,
+                           "completion_tokens": completion_tokens}
+    if details:
+        out["prompt_tokens_details"] = None
+        out["completion_tokens_details"] = None
+    return out
+
+
+def system_fingerprint() -> str:
+    return f"vllm-{VLLM_VERSION}-simulated"
 
 
 def full_response(
@@ -192,31 +206,33 @@ def full_response(
 ) -> dict[str, Any]:
     out_ids = req.output_ids if p.return_token_ids else None
     prompt_ids = req.prompt_ids if p.return_token_ids else None
+    use = usage(len(req.prompt_ids), len(req.output_ids))
     if p.kind == CHAT:
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": req.output_text, "refusal": None,
                         "annotations": None, "audio": None, "function_call": None,
-                        "tool_calls": [], "reasoning": None, "reasoning_content": None},
+                        "reasoning": None},
             "logprobs": None, "finish_reason": req.finish_reason,
-            "stop_reason": req.stop_reason, "token_ids": out_ids,
+            "stop_reason": req.stop_reason, "token_ids": out_ids, "routed_experts": None,
         }
         return {"id": rid, "object": "chat.completion", "created": created, "model": p.model,
-                "choices": [choice], "service_tier": None, "system_fingerprint": None,
-                "usage": usage(len(req.prompt_ids), len(req.output_ids)),
-                "prompt_logprobs": None, "prompt_token_ids": prompt_ids,
-                "kv_transfer_params": kv_out}
+                "choices": [choice], "service_tier": None,
+                "system_fingerprint": system_fingerprint(), "usage": use,
+                "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "prompt_text": None,
+                "kv_transfer_params": kv_out, "ec_transfer_params": None, "metrics": None}
     choice = {"index": 0, "text": req.output_text, "logprobs": None,
               "finish_reason": req.finish_reason, "stop_reason": req.stop_reason,
-              "token_ids": out_ids, "prompt_logprobs": None, "prompt_token_ids": prompt_ids}
+              "token_ids": out_ids, "prompt_logprobs": None, "prompt_token_ids": prompt_ids,
+              "routed_experts": None}
     return {"id": rid, "object": "text_completion", "created": created, "model": p.model,
-            "choices": [choice], "service_tier": None, "system_fingerprint": None,
-            "usage": usage(len(req.prompt_ids), len(req.output_ids)),
-            "kv_transfer_params": kv_out}
+            "choices": [choice], "service_tier": None,
+            "system_fingerprint": system_fingerprint(), "usage": use,
+            "kv_transfer_params": kv_out, "ec_transfer_params": None, "metrics": None}
 
 
 class ChunkWriter:
-    """Builds the SSE chunks of one streamed response."""
+    """Builds the SSE chunks of one streamed response, key for key as vLLM 0.32 writes them."""
 
     def __init__(self, p: ParsedRequest, rid: str, prompt_ids: list[int]) -> None:
         self.p = p
@@ -233,7 +249,7 @@ class ChunkWriter:
 
     def _with_usage(self, chunk: dict[str, Any]) -> dict[str, Any]:
         if self.p.include_usage and self.p.continuous_usage:
-            chunk["usage"] = usage(len(self.prompt_ids), self.completion_tokens)
+            chunk["usage"] = usage(len(self.prompt_ids), self.completion_tokens, details=False)
         return chunk
 
     def opening(self) -> dict[str, Any] | None:
@@ -245,6 +261,7 @@ class ChunkWriter:
                                  "logprobs": None, "finish_reason": None}])
         if self.p.return_token_ids:
             chunk["prompt_token_ids"] = self.prompt_ids
+            chunk["prompt_text"] = None
         return self._with_usage(chunk)
 
     def tokens(self, token_ids: list[int], text: str, finish_reason: str | None,
@@ -257,20 +274,21 @@ class ChunkWriter:
                       "finish_reason": finish_reason}
             if finish_reason is not None:
                 choice["stop_reason"] = stop_reason
+            if self.p.return_token_ids:
+                choice["token_ids"] = token_ids
         else:
             choice = {"index": 0, "text": text, "logprobs": None,
                       "finish_reason": finish_reason, "stop_reason": stop_reason}
-        if self.p.return_token_ids:
-            choice["token_ids"] = token_ids
-        chunk = self._envelope([choice])
-        if self.p.return_token_ids and self._first:
-            chunk["prompt_token_ids"] = self.prompt_ids
+            if self.p.return_token_ids:
+                choice["prompt_token_ids"] = self.prompt_ids if self._first else None
+                choice["token_ids"] = token_ids
         self._first = False
-        return self._with_usage(chunk)
+        return self._with_usage(self._envelope([choice]))
 
     def final_usage(self) -> dict[str, Any] | None:
         if not self.p.include_usage:
             return None
         chunk = self._envelope([])
-        chunk["usage"] = usage(len(self.prompt_ids), self.completion_tokens)
+        chunk["usage"] = usage(len(self.prompt_ids), self.completion_tokens, details=False)
+        chunk["system_fingerprint"] = system_fingerprint()
         return chunk

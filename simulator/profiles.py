@@ -45,6 +45,9 @@ class Profile:
     kv_transfer_bandwidth_bytes_per_s: float
     eos_probability: float
     enable_prefix_caching: bool = True
+    # Engine seconds from a request's arrival until the scheduler can take it: the API
+    # server's parsing, tokenization and hand-off to the engine core.
+    request_overhead_s: float = 0.0
 
     def with_overrides(self, **overrides: Any) -> Profile:
         return replace(self, **overrides)
@@ -59,6 +62,7 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
     values["step_time"] = StepTime(**{k: float(v) for k, v in data["step_time"].items()})
     values["kv_transfer_bandwidth_bytes_per_s"] = float(data["kv_transfer_bandwidth_bytes_per_s"])
     values["eos_probability"] = float(data["eos_probability"])
+    values["request_overhead_s"] = float(data.get("request_overhead_s", 0.0))
     return Profile(**values)
 
 

@@ -81,6 +81,7 @@ class SimRequest:
     params: GenerationParams
     arrival: float
     lm_state: int  # rolling hash of prompt + outputs so far
+    ready_at: float = 0.0  # when the scheduler may first take it (arrival + API overhead)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     status: Status = Status.WAITING
@@ -96,7 +97,8 @@ class SimRequest:
     last_token_at: float | None = None
     finished_at: float | None = None
     num_preemptions: int = 0
-    prefix_hit_tokens: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens found in the local prefix cache
+    external_tokens: int = 0  # prompt tokens pulled from a prefill engine (P/D)
     # P/D: hold the blocks after finishing, for a decode engine to read.
     do_remote_decode: bool = False
     # P/D: where the prompt's KV was pulled from (decode side), and what the prefill answered.

@@ -20,9 +20,11 @@ from aiohttp import web
 from fleet.types import Role
 from simulator.engine import Engine
 from simulator.faults import parse_fault_update
+from simulator.metrics import METRICS_CONTENT_TYPE
 from simulator.openai_api import (
     CHAT,
     COMPLETIONS,
+    VLLM_VERSION,
     ApiError,
     ChunkWriter,
     ParsedRequest,
@@ -33,7 +35,6 @@ from simulator.openai_api import (
 )
 from simulator.request import SimRequest
 
-VLLM_VERSION = "0.32.0"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -195,8 +196,7 @@ class EngineServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = self.engine.metrics.render(self.engine.core)
-        return web.Response(body=body, headers={
-            "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _read_json(self, request: web.Request) -> Any:
         try:

@@ -40,13 +40,13 @@ def test_router_relevant_families_have_vllm_names_and_types(tokenizer: Tokenizer
         assert families[name].type == kind, name
 
 
-def test_every_series_has_model_and_engine_labels_and_no_created(tokenizer: Tokenizer) -> None:
-    page = _page(tokenizer)
-    assert "_created" not in page
-    for fam in text_string_to_metric_families(page):
+def test_every_series_has_model_and_engine_labels(tokenizer: Tokenizer) -> None:
+    for fam in text_string_to_metric_families(_page(tokenizer)):
         for s in fam.samples:
-            assert s.labels.get("engine") == "0", s
-            if fam.name != "vllm:cache_config_info":
+            # As in vLLM: admission rejections are per server, cache info per engine.
+            if not fam.name.startswith("vllm:admission_rejections"):
+                assert s.labels.get("engine") == "0", s
+            if not fam.name.startswith("vllm:cache_config_info"):
                 assert s.labels.get("model_name") == "sim-x", s
 
 
