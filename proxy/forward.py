@@ -33,6 +33,7 @@ from tenacity import (
 from fleet.types import Backend
 from policies.base import Decision, NoCandidate, RequestContext
 from proxy.core import ProxyCore
+from proxy.disagg import PREFILLER_HEADER, PrefillFailed, decode_body, host_port, run_prefill_leg
 from proxy.errors import ProxyError, sse_error_event
 from proxy.live import LiveRequest
 from proxy.openai_request import (
@@ -89,6 +90,9 @@ HOT_ROUTES: dict[str, tuple[str, bool]] = {
     "/tokenize": ("tokenize", False),
     "/detokenize": ("detokenize", False),
 }
+
+
+_GENERATION = frozenset({"completions", "chat/completions"})
 
 
 class RetryableUpstream(Exception):
@@ -324,8 +328,27 @@ class Forwarder:
         core = self.core
         session = core.session
         assert session is not None
-        load = backend.load
         charge = ctx.prompt_tokens
+        prefill = decision.prefill if ctx.endpoint in _GENERATION else None
+        if prefill is not None:
+            if self.settings.pd_mode == "header":
+                headers = {**headers, PREFILLER_HEADER: host_port(prefill)}
+            else:
+                try:
+                    kv = await run_prefill_leg(
+                        session, prefill, path, ctx.body, headers, charge,
+                        self.settings.pd_prefill_timeout,
+                    )  # fmt: skip
+                except PrefillFailed as e:
+                    # Fall back to prefilling on the decode backend: slower, never lost.
+                    core.metrics.pd_prefill_legs.labels(e.reason).inc()
+                    log.warning("request %s: prefill leg failed (%s)", ctx.request_id, e)
+                    prefill = None
+                else:
+                    core.metrics.pd_prefill_legs.labels("ok").inc()
+                    body = decode_body(ctx.body, kv)
+                    charge = 0  # the decode backend pulls the KV instead of computing it
+        load = backend.load
         load.in_flight += 1
         load.pending_prefill_tokens += charge
         load.dispatched_total += 1
@@ -352,6 +375,8 @@ class Forwarder:
                         detail = (await resp.read())[:300].decode("utf-8", "replace")
                         raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
                     out_headers = _response_headers(resp.raw_headers, ctx.request_id, backend.id)
+                    if prefill is not None:
+                        out_headers.append((b"x-fleet-prefill", prefill.id.encode("latin-1")))
                     if ctx.debug:
                         out_headers.append((b"x-fleet-decision", _receipt(decision)))
                     if not ctx.stream or status != 200:

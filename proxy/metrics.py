@@ -46,6 +46,12 @@ class RouterMetrics:
             "Requests whose client went away before the end; the backend request was closed",
             registry=registry,
         )
+        self.pd_prefill_legs = Counter(
+            "fleet_proxy_pd_prefill_legs",
+            "Prefill legs run by the proxy in orchestrated P/D mode, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
         self.ttft = Histogram(
             "fleet_proxy_time_to_first_byte_seconds",
             "From request arrival to the first body byte relayed",

@@ -6,7 +6,7 @@ An invalid value stops start-up with a message naming the field (see `format_err
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
     max_connections: int = Field(2048, ge=1)
     chars_per_token: float = Field(4.0, gt=0)
+    # How a decision with a prefill backend is carried out (proxy/disagg.py).
+    pd_mode: Literal["orchestrated", "header"] = "orchestrated"
+    pd_prefill_timeout: float = Field(30.0, gt=0)
     log_level: str = "info"
 
     @field_validator("backends", mode="before")

@@ -1,0 +1,97 @@
+"""Prefill/decode disaggregation on the wire (REFERENCE §3).
+
+Two ways to carry out a Decision that names a prefill backend:
+- header mode (the llm-d contract): the request goes to the decode backend with
+  `x-prefiller-host-port: host:port`; a sidecar there runs the prefill leg;
+- orchestrated mode (vLLM's NixlConnector, as vLLM's own proxies do it): this proxy sends the
+  prefill leg (`max_tokens: 1`, not streamed, `kv_transfer_params.do_remote_decode`) and
+  hands the returned `kv_transfer_params` to the decode leg, which streams to the client.
+If the prefill leg fails or times out, the decode backend does the prefill itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+
+from fleet.types import Backend
+
+log = logging.getLogger("fleet_proxy.disagg")
+
+PREFILLER_HEADER = "x-prefiller-host-port"
+_REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def host_port(backend: Backend) -> str:
+    return urlsplit(backend.url).netloc
+
+
+def prefill_body(body: dict[str, Any]) -> bytes:
+    leg = dict(body)
+    leg["stream"] = False
+    leg["max_tokens"] = 1
+    if "max_completion_tokens" in leg:
+        leg["max_completion_tokens"] = 1
+    leg.pop("stream_options", None)
+    leg["kv_transfer_params"] = dict(_REMOTE_DECODE)
+    return orjson.dumps(leg)
+
+
+def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> bytes:
+    return orjson.dumps({**body, "kv_transfer_params": kv_transfer_params})
+
+
+class PrefillFailed(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+async def run_prefill_leg(
+    session: aiohttp.ClientSession,
+    prefill: Backend,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    prompt_tokens: int,
+    limit_s: float,
+) -> dict[str, Any]:
+    """POST the prefill leg; return the kv_transfer_params the decode leg needs."""
+    load = prefill.load
+    load.in_flight += 1
+    load.pending_prefill_tokens += prompt_tokens
+    load.dispatched_total += 1
+    try:
+        async with (
+            asyncio.timeout(limit_s),
+            session.post(prefill.url + path, data=prefill_body(body), headers=headers) as resp,
+        ):
+            data = await resp.read()
+            if resp.status != 200:
+                raise PrefillFailed("status", f"{prefill.id} answered HTTP {resp.status}")
+        try:
+            params = orjson.loads(data).get("kv_transfer_params")
+        except (orjson.JSONDecodeError, AttributeError):
+            raise PrefillFailed("bad_response", f"{prefill.id} answered no JSON object") from None
+        if not isinstance(params, dict):
+            raise PrefillFailed("bad_response", f"{prefill.id} returned no kv_transfer_params")
+        return params
+    except TimeoutError:
+        raise PrefillFailed("timeout", f"{prefill.id} took over {limit_s:g}s") from None
+    except aiohttp.ClientError as e:
+        raise PrefillFailed("connect", f"{prefill.id}: {type(e).__name__}: {e}") from None
+    finally:
+        load.in_flight -= 1
+        load.pending_prefill_tokens -= prompt_tokens
