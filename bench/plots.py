@@ -4,34 +4,52 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 
-def cdf_plot(
-    series: Mapping[str, Sequence[float]], title: str, xlabel: str, path: Path
-) -> Path | None:
-    """Write an empirical CDF per series; None when there is nothing to plot."""
-    if not any(series.values()):
-        return None
-    fig = Figure(figsize=(7, 4.5), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    for label, values in series.items():
+@dataclass(frozen=True, slots=True)
+class Panel:
+    title: str
+    xlabel: str
+    series: Mapping[str, Sequence[float]]  # setting -> values
+
+
+def _draw(ax: Axes, panel: Panel) -> None:
+    for label, values in panel.series.items():
         if not values:
             continue
         x = np.sort(np.asarray(values, dtype=float))
         y = np.arange(1, x.size + 1) / x.size
         ax.step(x, y, where="post", label=f"{label} (n={x.size})")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
+    ax.set_title(panel.title)
+    ax.set_xlabel(panel.xlabel)
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.01)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize="small")
+
+
+def cdf_figure(panels: Sequence[Panel], path: Path) -> Path | None:
+    """Empirical CDFs side by side, one panel each; None when there is nothing to plot."""
+    panels = [p for p in panels if any(p.series.values())]
+    if not panels:
+        return None
+    fig = Figure(figsize=(7 * len(panels), 4.8), dpi=110)
+    FigureCanvasAgg(fig)
+    for i, panel in enumerate(panels, start=1):
+        _draw(fig.add_subplot(1, len(panels), i), panel)
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def cdf_plot(
+    series: Mapping[str, Sequence[float]], title: str, xlabel: str, path: Path
+) -> Path | None:
+    return cdf_figure([Panel(title, xlabel, series)], path)

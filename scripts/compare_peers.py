@@ -1,0 +1,483 @@
+#!/usr/bin/env python
+"""Peer routers side by side: vllm-router, sglang-router and fleet-proxy's policies, each in
+front of the same simulated fleet, replaying the same workload; one table and one plot.
+
+    .venv/bin/python scripts/compare_peers.py [--engines 4] [--speed 2] [--repeat 1]
+        [--settings vllm-router:round_robin,fleet-proxy:lmetric,...] [--out DIR]
+        [-- BENCH ARGS]          (default: an agent workload, see DEFAULT_BENCH_ARGS)
+
+Every run starts a fresh fleet (`fleet-proxy sim`, cold caches, same seed) and a fresh router
+on free loopback ports, waits until both answer, runs `fleet-proxy bench` against the router
+with the engines' /metrics snapshotted before and after, and stops both by PID. With
+--repeat N the settings alternate (A B C A B C ...) and each is compared with the first by a
+paired 95% interval. Everything shares the machine's cores: the routers' own CPU cost is part
+of what is measured, as it would be on a real host.
+
+Needs the PyPI routers in the venv: `.venv/bin/pip install vllm-router sglang-router`
+(settings whose router is missing are skipped and listed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.artifacts import comparison_table, read_records, settings_table, write_json  # noqa: E402
+from bench.campaign import RunResult, pooled_summary  # noqa: E402
+from bench.cli import main as bench_main  # noqa: E402
+from bench.paired import compare_settings  # noqa: E402
+from bench.plots import Panel, cdf_figure  # noqa: E402
+from bench.summary import dig, parse_slo  # noqa: E402
+
+PEER_POLICIES = ("round_robin", "cache_aware", "power_of_two")
+FLEET_PROXY_POLICIES = ("round_robin", "least_requests", "prefix_aware", "lmetric", "unified")
+DEFAULT_SETTINGS = (
+    *(f"vllm-router:{p}" for p in PEER_POLICIES),
+    *(f"sglang-router:{p}" for p in PEER_POLICIES),
+    *(f"fleet-proxy:{p}" for p in FLEET_PROXY_POLICIES),
+)
+# Agent programs: a long per-program context reused by every call, so where a call lands
+# decides whether its prefix is cached; closed loop so the fleet stays busy.
+DEFAULT_BENCH_ARGS = (
+    "--workload",
+    "agent",
+    "--sessions",
+    "16",
+    "--calls",
+    "4-8",
+    "--context-tokens",
+    "3000",
+    "--user-tokens",
+    "64-256",
+    "--output-tokens",
+    "16-64",
+    "--concurrency",
+    "12",
+    "--slo",
+    "ttft:1000",
+    "tpot:100",
+)
+SIM_MAIN = "import sys; from simulator.cli import main; sys.exit(main(sys.argv[1:]))"
+PROXY_MAIN = "import sys; from proxy.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSetting:
+    kind: str  # vllm-router | sglang-router | fleet-proxy
+    policy: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.policy}"
+
+    @classmethod
+    def parse(cls, text: str) -> RouterSetting:
+        kind, sep, policy = text.partition(":")
+        if not sep or kind not in ("vllm-router", "sglang-router", "fleet-proxy"):
+            raise ValueError(f"bad setting {text!r}: want ROUTER:POLICY")
+        return cls(kind, policy)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class Proc:
+    """A child process in its own process group, logged to a file, stopped by its PID."""
+
+    def __init__(self, cmd: Sequence[str], log: Path) -> None:
+        self.log = log
+        self._out: IO[bytes] = log.open("wb")
+        self.popen = subprocess.Popen(
+            list(cmd),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGINT, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if not self.alive():
+                break
+            try:
+                os.killpg(self.popen.pid, sig)  # the group this Proc created, nothing else
+            except ProcessLookupError:
+                break
+            try:
+                self.popen.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        self._out.close()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of a live process (Linux /proc), start-up included."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
+
+
+def sim_lag(url: str) -> float | None:
+    """How far the engine's clock fell behind its --speed since start (simulator/engine.py):
+    near 0 means the simulated timings held; large means the machine, not the routing,
+    set the pace."""
+    try:
+        with urllib.request.urlopen(f"{url}/_sim/state", timeout=5) as resp:
+            return float(orjson.loads(resp.read())["lag_fraction"])
+    except (urllib.error.URLError, OSError, KeyError, ValueError):
+        return None
+
+
+def wait_until(check: Any, proc: Proc, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not proc.alive():
+            raise RuntimeError(f"{what} exited; see {proc.log}")
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s; see {proc.log}")
+
+
+def start_fleet(args: argparse.Namespace, logs: Path, tag: str) -> tuple[Proc, list[str]]:
+    cmd = [
+        sys.executable,
+        "-c",
+        SIM_MAIN,
+        "--engines",
+        str(args.engines),
+        "--base-port",
+        "0",
+        "--speed",
+        str(args.speed),
+        "--profile",
+        args.profile,
+        "--model",
+        args.model,
+    ]
+    proc = Proc(cmd, logs / f"{tag}-sim.log")
+
+    def urls() -> list[str]:
+        lines = proc.log.read_text().splitlines()
+        return [x.strip() for x in lines if x.startswith("http://")]
+
+    wait_until(lambda: len(urls()) >= args.engines, proc, 60, "simulated fleet")
+    return proc, urls()[: args.engines]
+
+
+def router_command(setting: RouterSetting, port: int, urls: list[str]) -> tuple[list[str], str]:
+    """The command line of a router on `port` and the URL that answers 200 when it is ready."""
+    base = f"http://127.0.0.1:{port}"
+    if setting.kind == "fleet-proxy":
+        backends = [a for u in urls for a in ("--backend", u)]
+        return (
+            [
+                sys.executable,
+                "-c",
+                PROXY_MAIN,
+                "serve",
+                "--port",
+                str(port),
+                *backends,
+                "--policy",
+                setting.policy,
+                "--log-level",
+                "warning",
+            ],
+            f"{base}/ready",
+        )
+    exe = shutil.which(setting.kind, path=str(Path(sys.executable).parent)) or shutil.which(
+        setting.kind
+    )
+    if exe is None:
+        raise FileNotFoundError(setting.kind)
+    launch = ["launch"] if setting.kind == "sglang-router" else []
+    # Their Prometheus exporters default to fixed ports; give each run its own.
+    return (
+        [
+            exe,
+            *launch,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *urls,
+            "--policy",
+            setting.policy,
+            "--prometheus-port",
+            str(free_port()),
+            "--log-level",
+            "warning" if setting.kind == "vllm-router" else "warn",
+        ],
+        f"{base}/health",
+    )
+
+
+def run_setting(
+    setting: RouterSetting, k: int, args: argparse.Namespace, bench_args: list[str], out: Path
+) -> Path:
+    tag = f"{setting.label.replace(':', '-')}-{k}"
+    logs = out / "logs"
+    bundle = out / "runs" / tag
+    fleet, urls = start_fleet(args, logs, tag)
+    router: Proc | None = None
+    try:
+        port = free_port()
+        cmd, ready = router_command(setting, port, urls)
+        router = Proc(cmd, logs / f"{tag}-router.log")
+        wait_until(lambda: answers(ready), router, 60, setting.label)
+        cpu_at_ready = cpu_seconds(router.popen.pid)
+        # The bench prints its own report; keep it in the bundle, not on the terminal.
+        bundle.mkdir(parents=True, exist_ok=True)
+        with (bundle / "bench.out").open("w") as f, contextlib.redirect_stdout(f):
+            code = bench_main(
+                [
+                    "--target",
+                    f"{setting.label}=http://127.0.0.1:{port}",
+                    "--model",
+                    args.model,
+                    "--backend-metrics",
+                    *urls,
+                    "--router-setting",
+                    f"router={setting.kind}",
+                    "--router-setting",
+                    f"policy={setting.policy}",
+                    "--out",
+                    str(bundle),
+                    "--no-progress",
+                    *bench_args,
+                ]
+            )
+        if code != 0:
+            raise RuntimeError(f"bench exited {code} for {setting.label}")
+        costs = {
+            "router_cpu_s": _minus(cpu_seconds(router.popen.pid), cpu_at_ready),
+            "sim_lag_fraction": [sim_lag(u) for u in urls],
+        }
+        write_json(bundle / "costs.json", costs)
+    finally:
+        if router is not None:
+            router.stop()
+        fleet.stop()
+    return bundle
+
+
+def load_run(bundle: Path) -> tuple[RunResult, dict[str, Any]]:
+    summary = orjson.loads((bundle / "summary.json").read_bytes())
+    config = orjson.loads((bundle / "config.json").read_bytes())
+    run = summary["runs"][0]
+    costs = bundle / "costs.json"
+    run["costs"] = orjson.loads(costs.read_bytes()) if costs.exists() else {}
+    return RunResult(run["setting"], 0, read_records(bundle / "metrics.jsonl"), run), config
+
+
+def costs_table(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> str:
+    """What each setting cost the machine: the router's CPU, and the simulator's lag."""
+    rows = [
+        "| setting | router CPU s per run | router CPU ms/request | sim lag % (worst engine) |",
+        "|---|---|---|---|",
+    ]
+    for label, items in runs.items():
+        cpu = [c for r, _ in items if (c := dig(r.summary, "costs", "router_cpu_s")) is not None]
+        n = sum(len(r.records) for r, _ in items)
+        lags = [
+            x
+            for r, _ in items
+            for x in dig(r.summary, "costs", "sim_lag_fraction") or []
+            if x is not None
+        ]
+        cells = [label]
+        cells += (
+            [f"{sum(cpu) / len(cpu):.2f}", f"{sum(cpu) / n * 1000:.2f}"]
+            if cpu and n
+            else ["-", "-"]
+        )
+        cells.append(f"{max(lags) * 100:.1f}" if lags else "-")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def run_balance(summary: dict[str, Any]) -> float | None:
+    """Requests max/min across engines: from x-fleet-backend when the router sets it, else from
+    the engines' request counters."""
+    for path in (
+        ("balance", "requests_max_over_min"),
+        ("backend_metrics", "requests_max_over_min"),
+    ):
+        value = dig(summary, *path)
+        if value is not None:
+            return float(value)
+    return None
+
+
+def combine(
+    out: Path,
+    bundles: dict[str, list[Path]],
+    skipped: dict[str, str],
+    args: argparse.Namespace,
+    bench_args: list[str],
+) -> str:
+    runs = {label: [load_run(b) for b in paths] for label, paths in bundles.items() if paths}
+    if not runs:
+        return "no setting ran"
+    first_config = next(iter(runs.values()))[0][1]
+    slo = parse_slo([f"{k}:{v}" for k, v in first_config["slo_ms"].items()])
+    pooled = {}
+    for label, items in runs.items():
+        results = [r for r, _ in items]
+        # Fresh fleets listen on fresh ports, so engine ids differ run to run: balance is
+        # averaged per run rather than pooled over ids.
+        s = pooled_summary(results, slo, ())
+        ratios = [v for r in results if (v := run_balance(r.summary)) is not None]
+        s["balance"] = {"requests_max_over_min": sum(ratios) / len(ratios) if ratios else None}
+        pooled[label] = s
+    labels = list(runs)
+    comparisons = {}
+    for other in labels[1:]:
+        n = min(len(runs[labels[0]]), len(runs[other]))
+        if n >= 2:
+            comparisons[other] = compare_settings(
+                [r.summary for r, _ in runs[labels[0]][:n]], [r.summary for r, _ in runs[other][:n]]
+            )
+    cdf_figure(
+        [
+            Panel(
+                "TTFT CDF",
+                "TTFT (ms)",
+                {
+                    label: [
+                        x.ttft_s * 1000 for r, _ in items for x in r.records if x.ttft_s is not None
+                    ]
+                    for label, items in runs.items()
+                },
+            ),
+            Panel(
+                "E2E CDF",
+                "E2E (ms)",
+                {
+                    label: [x.e2e_s * 1000 for r, _ in items for x in r.records if x.ok and x.e2e_s]
+                    for label, items in runs.items()
+                },
+            ),
+        ],
+        out / "peers.png",
+    )
+    lines = [
+        "# Peer routers on one simulated fleet",
+        "",
+        f"Fleet: {args.engines} simulated engines, profile {args.profile}, speed {args.speed}; "
+        f"{first_config['workload']['requests']} requests per run, {args.repeat} run(s) per "
+        f"setting, a fresh fleet and router for each run.",
+        "",
+        f"Bench: `{' '.join(bench_args)}`",
+        "",
+        settings_table(pooled),
+        "",
+        "Latencies in ms of wall time; prefix hit % and balance from the engines' /metrics "
+        "(or x-fleet-backend).",
+        "",
+        costs_table(runs),
+        "",
+        "Router CPU: from ready to the end of the run. Sim lag: how much longer the engines' "
+        "steps took than the profile says; when it is large the shared cores, not the "
+        "routing, set the pace (lower --speed or the load).",
+        "",
+    ]
+    for other, rows in comparisons.items():
+        lines += [comparison_table(labels[0], other, rows), ""]
+    if skipped:
+        lines += ["Not run: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()), ""]
+    lines.append("![TTFT and E2E CDFs](peers.png)")
+    text = "\n".join(lines) + "\n"
+    (out / "peers.md").write_text(text)
+    write_json(
+        out / "peers.json", {"settings": pooled, "comparison": comparisons, "skipped": skipped}
+    )
+    return text
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        i = argv.index("--")
+        argv, bench_args = argv[:i], argv[i + 1 :]
+    else:
+        bench_args = list(DEFAULT_BENCH_ARGS)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--speed", type=float, default=2.0, help="simulator clock speed")
+    p.add_argument("--profile", default="h100-llama-8b")
+    p.add_argument("--model", default="sim-llama-8b")
+    p.add_argument(
+        "--settings",
+        default=",".join(DEFAULT_SETTINGS),
+        help="comma-separated ROUTER:POLICY; the first is the baseline",
+    )
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("peers-%Y%m%d-%H%M%S"))
+    args = p.parse_args(argv)
+    settings = [RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
+    out: Path = args.out
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    bundles: dict[str, list[Path]] = {s.label: [] for s in settings}
+    skipped: dict[str, str] = {}
+    try:
+        for k in range(args.repeat):
+            for s in settings:
+                if s.label in skipped:
+                    continue
+                print(f"== {s.label} run {k}", flush=True)
+                try:
+                    bundles[s.label].append(run_setting(s, k, args, bench_args, out))
+                except FileNotFoundError as e:
+                    skipped[s.label] = f"{e} not installed"
+                except RuntimeError as e:
+                    skipped[s.label] = str(e)
+                    print(f"   skipped: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted: tabulating what ran", file=sys.stderr)
+    print(combine(out, bundles, skipped, args, bench_args))
+    print(f"artifacts: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
