@@ -27,6 +27,24 @@ DEFAULT_CHARS_PER_BLOCK = 64  # llm-d: 16-token blocks x 4 characters per token
 DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
 
 
+def _model_seed(model: str) -> int:
+    return xxhash.xxh64_intdigest(model.encode())
+
+
+def _extend(
+    state: xxhash.xxh64, data: bytes, start: int, chars_per_block: int, hashes: list[int]
+) -> int:
+    """Hash the full blocks of data[start:] into `state`, appending each running digest;
+    returns the end of the last full block."""
+    view = memoryview(data)
+    end = start + (len(data) - start) // chars_per_block * chars_per_block
+    update, digest, append = state.update, state.intdigest, hashes.append  # the hot loop
+    for i in range(start, end, chars_per_block):
+        update(view[i : i + chars_per_block])
+        append(digest())
+    return end
+
+
 def block_hashes(text: str, model: str, chars_per_block: int) -> list[int]:
     """Chained hashes of the full `chars_per_block` blocks of `text`; a partial tail is not
     cached by vLLM either, so it is not hashed.
@@ -34,15 +52,58 @@ def block_hashes(text: str, model: str, chars_per_block: int) -> list[int]:
     Block i's hash is the xxhash64 (seeded by the model name) of everything up to the end of
     block i, taken from one running hash state: chained like vLLM's (a block's hash depends on
     every block before it) while reading each byte once."""
-    data = text.encode("utf-8", "surrogatepass")
-    n_blocks = len(data) // chars_per_block
-    state = xxhash.xxh64(seed=xxhash.xxh64_intdigest(model.encode()))
-    view = memoryview(data)
     hashes: list[int] = []
-    for i in range(n_blocks):
-        state.update(view[i * chars_per_block : (i + 1) * chars_per_block])
-        hashes.append(state.intdigest())
+    data = text.encode("utf-8", "surrogatepass")
+    _extend(xxhash.xxh64(seed=_model_seed(model)), data, 0, chars_per_block, hashes)
     return hashes
+
+
+class _Resumable:
+    __slots__ = ("digest", "hashes", "length", "state")
+
+    def __init__(self, length: int, digest: bytes, state: xxhash.xxh64, hashes: list[int]):
+        self.length = length
+        self.digest = digest
+        self.state = state
+        self.hashes = hashes
+
+
+class PromptHasher:
+    """`block_hashes` that resumes from a session's previous prompt when the new prompt
+    extends it (the multi-turn case: turn k re-sends turn k-1 and adds to it), so each turn
+    hashes only its new blocks. The previous prompt is not kept, only a 128-bit digest of its
+    hashed part, which one C call checks against the new prompt's head."""
+
+    def __init__(self, chars_per_block: int, sessions: int = 4096) -> None:
+        self.chars_per_block = chars_per_block
+        self.capacity = sessions
+        self._sessions: OrderedDict[tuple[str, str], _Resumable] = OrderedDict()
+        self.resumed = 0
+
+    def hashes(self, text: str, model: str, session: str | None = None) -> list[int]:
+        if session is None:
+            return block_hashes(text, model, self.chars_per_block)
+        data = text.encode("utf-8", "surrogatepass")
+        key = (model, session)
+        prev = self._sessions.get(key)
+        if (
+            prev is not None
+            and len(data) >= prev.length
+            and xxhash.xxh3_128_digest(memoryview(data)[: prev.length]) == prev.digest
+        ):
+            self.resumed += 1
+            state, hashes, start = prev.state.copy(), list(prev.hashes), prev.length
+        else:
+            prev = None
+            state, hashes, start = xxhash.xxh64(seed=_model_seed(model)), [], 0
+        end = _extend(state, data, start, self.chars_per_block, hashes)
+        if prev is None or end != start:
+            digest = xxhash.xxh3_128_digest(memoryview(data)[:end])
+            self._sessions[key] = _Resumable(end, digest, state.copy(), hashes)
+        self._sessions.move_to_end(key)
+        while len(self._sessions) > self.capacity:
+            self._sessions.popitem(last=False)
+        return hashes
 
 
 def capacity_from_cache_config(
@@ -88,9 +149,11 @@ class PrefixIndex:
         self._capacity: dict[str, int] = {}
         self._owners: dict[int, set[str]] = {}  # block hash -> backends holding it
         self._size = 0
+        self._hasher = PromptHasher(chars_per_block)
 
-    def hashes(self, text: str, model: str) -> list[int]:
-        return block_hashes(text, model, self.chars_per_block)
+    def hashes(self, text: str, model: str, session: str | None = None) -> list[int]:
+        """The prompt's block hashes; with a session, resumed from its previous prompt."""
+        return self._hasher.hashes(text, model, session)
 
     def match(self, hashes: list[int]) -> PrefixMatch:
         """How many leading blocks of `hashes` each backend holds.
@@ -124,10 +187,13 @@ class PrefixIndex:
         lru = self._blocks.get(backend_id)
         if lru is None:
             lru = self._blocks[backend_id] = OrderedDict()
+        touch = lru.move_to_end  # bound once: this loop runs per block of every request
         for h in reversed(hashes):
-            if h in lru:
-                lru.move_to_end(h)
+            try:
+                touch(h)
                 continue
+            except KeyError:
+                pass
             lru[h] = None
             self._size += 1
             owners = self._owners.get(h)

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from fleet.prefix import PrefixIndex
 from fleet.types import Backend
+from policies.loads import kv_usage, queue_size, running_size
 
 # Routing decisions take microseconds; the default buckets start at 5 ms.
 _LATENCY_BUCKETS = (
@@ -33,25 +34,6 @@ _LATENCY_BUCKETS = (
 )
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _BYTES_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144)
-
-
-def queue_size(b: Backend) -> float:
-    """Requests not yet producing tokens: the larger of the scrape and our own accounting."""
-    own = b.load.in_flight - b.load.running_decodes
-    if b.snapshot is None:
-        return float(own)
-    return max(b.snapshot.metrics.waiting, float(own))
-
-
-def running_size(b: Backend) -> float:
-    own = float(b.load.running_decodes)
-    if b.snapshot is None:
-        return own
-    return max(b.snapshot.metrics.running, own)
-
-
-def kv_usage(b: Backend) -> float:
-    return 0.0 if b.snapshot is None else b.snapshot.metrics.kv_usage
 
 
 class _PoolCollector(Collector):

@@ -68,7 +68,9 @@ class SchedulingRequest:
         if self._hashes is None:
             index = self.services.prefix_index
             self._hashes = (
-                [] if index is None else index.hashes(self.ctx.prompt_text, self.ctx.model)
+                []
+                if index is None
+                else index.hashes(self.ctx.prompt_text, self.ctx.model, self.ctx.session_id)
             )
         return self._hashes
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
+from policies.loads import batch_size
 from policies.pickers.rotation import Rotation
 from policies.plugin import RoutingServices, SchedulingRequest
 from policies.plugin_base import PluginBase
@@ -32,7 +33,7 @@ def lmetric_argmin(req: SchedulingRequest, candidates: Sequence[Backend], start:
     for b in rotated:
         uncached = uncached_at.get(b.spec.id, all_uncached)
         p_tokens = b.load.pending_prefill_tokens + uncached
-        bs = b.batch_size
+        bs = batch_size(b)
         key = (p_tokens * bs, uncached, bs)
         if explain:
             req.note(b.id, "p_tokens", p_tokens)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
 from policies.base import Decision
+from policies.loads import batch_size
 from policies.pickers.lmetric import lmetric_argmin
 from policies.pickers.rotation import Rotation
 from policies.plugin import RoutingServices, SchedulingRequest
@@ -55,7 +56,7 @@ class UnifiedPicker(PluginBase):
     ) -> Backend:
         p = self.params
         n = len(candidates)
-        avg = sum(b.batch_size for b in candidates) / n
+        avg = sum(batch_size(b) for b in candidates) / n
         sid = req.ctx.session_id
         owner_id = None if sid is None else self.sessions.get(sid)
         owner = next((b for b in candidates if b.id == owner_id), None) if owner_id else None
@@ -66,7 +67,7 @@ class UnifiedPicker(PluginBase):
                 req.note(owner.id, "avg_num_requests", avg)
             if ratio <= p.cache_ratio_threshold:
                 self.gate_ratio_failures += 1
-            elif owner.batch_size > avg * p.overload_factor:
+            elif batch_size(owner) > avg * p.overload_factor:
                 self.gate_load_failures += 1
             else:
                 self.affinity_hits += 1
@@ -75,7 +76,7 @@ class UnifiedPicker(PluginBase):
         pool = candidates
         if p.ceiling_factor is not None:
             limit = avg * p.ceiling_factor
-            under = [b for b in candidates if b.batch_size <= limit]
+            under = [b for b in candidates if batch_size(b) <= limit]
             if under and len(under) < n:
                 self.ceiling_exclusions += 1
                 pool = under

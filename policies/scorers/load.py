@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from fleet.types import Backend
-from policies.metrics import kv_usage, queue_size, running_size
+from policies.loads import kv_usage, queue_size, running_size
 from policies.plugin import SchedulingRequest
 from policies.plugin_base import PluginBase
 from policies.scorers.normalize import inverse_min_max

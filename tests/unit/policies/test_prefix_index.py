@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.prefix import PrefixIndex, block_hashes, capacity_from_cache_config
+from fleet.prefix import PrefixIndex, PromptHasher, block_hashes, capacity_from_cache_config
 from tests.unit.policies.builders import text_blocks
 
 
@@ -83,3 +83,32 @@ def test_remove_backend_forgets_its_blocks_only() -> None:
 def test_rejects_nonsense_sizes() -> None:
     with pytest.raises(ValueError):
         PrefixIndex(chars_per_block=0)
+
+
+def test_session_hasher_resumes_and_always_equals_hashing_from_scratch() -> None:
+    hasher = PromptHasher(chars_per_block=64)
+    turns = [
+        text_blocks(3),
+        text_blocks(5) + "partial tail",
+        text_blocks(9),
+        text_blocks(9),  # the same prompt again
+        text_blocks(2, "other"),  # the session changed course: start over
+        text_blocks(2, "other") + text_blocks(4, "more"),
+        "short",
+    ]
+    for text in turns:
+        assert hasher.hashes(text, "m", "s1") == block_hashes(text, "m", 64)
+    assert hasher.resumed == 4
+    # Without a session, or for another model, nothing is shared.
+    assert hasher.hashes(turns[2], "m") == block_hashes(turns[2], "m", 64)
+    assert hasher.hashes(turns[2], "m2", "s1") == block_hashes(turns[2], "m2", 64)
+
+
+def test_session_hasher_is_bounded() -> None:
+    hasher = PromptHasher(chars_per_block=64, sessions=2)
+    for s in "abc":
+        hasher.hashes(text_blocks(2), "m", s)
+    hasher.hashes(text_blocks(3), "m", "a")  # evicted: hashed from scratch
+    assert hasher.resumed == 0
+    hasher.hashes(text_blocks(4), "m", "c")
+    assert hasher.resumed == 1
