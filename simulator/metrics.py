@@ -115,6 +115,7 @@ class SimMetrics(CoreListener):
             ["source"]), "source", CACHED_SOURCES, lv)
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.").labels(*lv)
+        self._generated_seen = 0
         self.success = _labelled(counter(
             "vllm:request_success", "Count of successfully processed requests.",
             ["finished_reason"]), "finished_reason", FINISH_REASONS, lv)
@@ -194,7 +195,8 @@ class SimMetrics(CoreListener):
             self.prefix_hits.inc(hit)
 
     def on_token(self, req: SimRequest, now: float, first: bool) -> None:
-        self.generation_tokens.inc()
+        # vllm:generation_tokens_total is brought up to date at render time: one counter
+        # update per scrape instead of one per token.
         if first:
             n = len(req.prompt_ids)
             cached, external = req.prefix_hit_tokens, req.external_tokens
@@ -237,6 +239,10 @@ class SimMetrics(CoreListener):
 
     # ---- rendering ------------------------------------------------------------------------
     def render(self, core: EngineCore) -> bytes:
+        generated = core.counters.generation_tokens
+        if generated > self._generated_seen:
+            self.generation_tokens.inc(generated - self._generated_seen)
+            self._generated_seen = generated
         self.running.set(len(core.running))
         self.waiting.set(core.num_waiting())
         self.waiting_capacity.set(core.num_waiting())

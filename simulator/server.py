@@ -286,6 +286,7 @@ class EngineServer:
             "in_flight": self.in_flight, "steps": c.steps, "preemptions": c.preemptions,
             "prefix_queries": c.prefix_queries, "prefix_hits": c.prefix_hits,
             "finished": c.finished, "lag_fraction": self.engine.lag_fraction(),
+            "planned_busy_s": self.engine.planned_busy, "actual_busy_s": self.engine.actual_busy,
             "engine_time": self.engine.time.now(), "faults": self.engine.faults.settings.to_json(),
         })
 
@@ -387,6 +388,8 @@ class EngineServer:
                     raise _StreamCut
                 if ev.finish_reason is not None:
                     break
+        except ConnectionResetError:
+            return resp  # the client went away mid-write; the request is aborted on exit
         except _StreamCut:
             if faults.settings.die_after_tokens is not None and \
                     writer.completion_tokens >= faults.settings.die_after_tokens:
