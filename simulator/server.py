@@ -32,6 +32,7 @@ from simulator.openai_api import (
     full_response,
     parse_request,
     response_id,
+    sse,
 )
 from simulator.request import SimRequest
 
@@ -41,10 +42,6 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
-
-
-def _sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
 class _StreamCut(Exception):
@@ -367,7 +364,7 @@ class EngineServer:
         writer = ChunkWriter(p, rid, req.prompt_ids)
         opening = writer.opening()
         if opening is not None:
-            await resp.write(_sse(opening))
+            await resp.write(sse(opening))
         faults = self.engine.faults
         tok = self.engine.tokenizer
         try:
@@ -383,7 +380,7 @@ class EngineServer:
                     finish = stop_reason = None
                     cut = True
                 if ids or finish is not None:
-                    await resp.write(_sse(writer.tokens(ids, text, finish, stop_reason)))
+                    await resp.write(writer.token_bytes(ids, text, finish, stop_reason))
                 if cut:
                     raise _StreamCut
                 if ev.finish_reason is not None:
@@ -399,7 +396,7 @@ class EngineServer:
             return resp
         final = writer.final_usage()
         if final is not None:
-            await resp.write(_sse(final))
+            await resp.write(sse(final))
         await resp.write(b"data: [DONE]\n\n")
         with contextlib.suppress(ConnectionResetError):
             await resp.write_eof()

@@ -1,5 +1,6 @@
 """Request parsing and response shapes, as vLLM 0.32 has them."""
 
+import orjson
 import pytest
 
 from simulator.openai_api import CHAT, COMPLETIONS, ApiError, ChunkWriter, parse_request
@@ -61,3 +62,25 @@ def test_chat_stream_chunks_open_with_role_and_close_with_usage(tokenizer: Token
     assert final is not None and final["choices"] == []
     assert final["usage"]["completion_tokens"] == 2
     assert final["usage"]["prompt_tokens"] == len(p.prompt_ids)
+
+
+@pytest.mark.parametrize("kind", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize("token_ids", [False, True])
+def test_fast_chunk_bytes_equal_the_serialised_chunks(
+    tokenizer: Tokenizer, kind: str, token_ids: bool
+) -> None:
+    body: dict[str, object] = {"stream": True, "return_token_ids": token_ids,
+                               "stream_options": {"include_usage": True}}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if kind == CHAT
+                else {"prompt": "hi"})
+    p = _parse(kind, body, tokenizer)
+    fast, slow = ChunkWriter(p, "id-1", p.prompt_ids), ChunkWriter(p, "id-1", p.prompt_ids)
+    fast.created = slow.created
+    fast.opening()
+    slow.opening()
+    events = [([5], ' a "quoted"\n', None, None), ([6, 7], " b\u00e9", None, None),
+              ([], "", None, None), ([8], " c", "stop", 8)]
+    for ids, text, finish, stop in events:
+        want = b"data: " + orjson.dumps(slow.tokens(ids, text, finish, stop)) + b"\n\n"
+        assert fast.token_bytes(ids, text, finish, stop) == want
+    assert fast.completion_tokens == slow.completion_tokens == 4
