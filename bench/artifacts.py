@@ -41,7 +41,7 @@ class RecordSink:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.records: list[RequestRecord] = []
-        self._file: IO[bytes] = path.open("ab")
+        self._file: IO[bytes] = path.open("wb")
 
     def __call__(self, record: RequestRecord) -> None:
         self.records.append(record)

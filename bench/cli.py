@@ -241,7 +241,12 @@ def run_main(argv: list[str]) -> int:
         router_settings = parse_router_settings(args.router_setting, names)
         slo = parse_slo(args.slo)
         make = workload_factory(args)
-        headers = dict(h.split(":", 1) for h in args.header)
+        headers = {}
+        for h in args.header:
+            name, sep, value = h.partition(":")
+            if not sep:
+                raise ValueError(f"bad --header {h!r}: want NAME:VALUE")
+            headers[name.strip()] = value.strip()
     except (ValueError, OSError) as e:
         parser.error(str(e))
     arrival = args.arrival or ("trace" if args.workload == "mooncake" else "closed")

@@ -96,8 +96,8 @@ async def stream_request(
         raw.error = "timeout"
     except aiohttp.ClientError as e:
         raw.error = f"{type(e).__name__}: {e}"[:200]
-    except orjson.JSONDecodeError:
-        raw.error = "bad SSE payload"
+    except (ValueError, TypeError, AttributeError, KeyError) as e:  # orjson's error is a
+        raw.error = f"bad SSE payload: {e}"[:200]  # ValueError; the others, odd JSON shapes
     finally:
         raw.end = time.perf_counter()
     return raw

@@ -81,7 +81,8 @@ def build_workload(
     for i, e in enumerate(chosen):
         n_in = min(e.input_length, max_input_tokens) if max_input_tokens else e.input_length
         n_out = min(e.output_length, max_output_tokens) if max_output_tokens else e.output_length
-        prompt = blocks.prompt(list(e.hash_ids), n_in)
+        # A line without hash ids shares nothing: give it an id no trace uses.
+        prompt = blocks.prompt(list(e.hash_ids) or [-1 - i], n_in)
         sessions.append(
             Session(
                 id=f"mc-{i}",

@@ -21,12 +21,14 @@ class Panel:
 
 
 def _draw(ax: Axes, panel: Panel) -> None:
-    for label, values in panel.series.items():
+    for i, (label, values) in enumerate(panel.series.items()):
         if not values:
             continue
         x = np.sort(np.asarray(values, dtype=float))
         y = np.arange(1, x.size + 1) / x.size
-        ax.step(x, y, where="post", label=f"{label} (n={x.size})")
+        # The default cycle has 10 colours: past that, change the line style too.
+        style = ("-", "--", ":", "-.")[(i // 10) % 4]
+        ax.step(x, y, where="post", linestyle=style, label=f"{label} (n={x.size})")
     ax.set_title(panel.title)
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel("fraction of requests")

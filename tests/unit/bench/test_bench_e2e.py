@@ -205,8 +205,8 @@ async def test_interrupted_campaign_writes_what_it_collected(tmp_path: Path) -> 
         )
         campaign = Campaign(plan)
         task = asyncio.create_task(campaign.run())
-        # all three workers have a request in flight (the fake exposes a counter, no event)
-        while state.requests < 3:  # noqa: ASYNC110
+        # until all three workers have a request in flight
+        while state.requests < 3:
             await asyncio.sleep(0.01)
         task.cancel()
         summary = await task

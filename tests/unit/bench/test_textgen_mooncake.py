@@ -100,3 +100,9 @@ def test_the_simulator_tokenizes_filler_at_about_four_chars_per_token() -> None:
     text = filler("ratio", 5000)
     ratio = len(text) / len(Tokenizer().encode(text))
     assert 3.8 < ratio < 4.2
+
+
+def test_lines_without_hash_ids_share_nothing() -> None:
+    lines = ['{"timestamp": 0, "input_length": 100, "output_length": 1}'] * 2
+    a, b = (s.turns[0].user for s in build_workload(parse_trace(lines)).sessions)
+    assert len(a) == len(b) == 400 and a[:64] != b[:64]
