@@ -3,8 +3,9 @@
 Routing code never does I/O and never awaits: `pick` is a pure function of the request
 context, the candidate backends (read-only) and the clock reading passed in.
 Optional capabilities are found by shape (`hasattr`), not by class:
-- `on_finish(ctx, backend_id)`: a request routed by this policy has ended;
-- `on_backend_removed(backend_id)`: a backend left the fleet.
+- `on_finish(ctx, decision)`: a request routed by this policy has ended (success or not);
+- `on_backend_removed(backend_id)`: a backend left the fleet;
+- `bind_metrics(registry)`, `end_program(program_id) -> bool`, `stats() -> dict`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class Decision:
     # Per candidate id, named scores: what a decision receipt shows.
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
     reason: str = ""
+    # Prompt tokens the target (and the prefill backend) are expected to compute, i.e. not
+    # already in their prefix cache by the policy's prefix index. None: unknown, charge the
+    # whole prompt. For the proxy's pending-prefill accounting, which LMetric reads: charging
+    # a cached prompt in full makes the backend that holds it look busiest.
+    prefill_tokens: int | None = None
+    prefill_leg_tokens: int | None = None
 
 
 class NoCandidate(Exception):

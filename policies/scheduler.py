@@ -67,6 +67,10 @@ class Scheduler:
             decision.scores = req.receipt
         if req.reasons and not decision.reason:
             decision.reason = "; ".join(req.reasons)
+        if self.services.prefix_index is not None:
+            decision.prefill_tokens = req.uncached_tokens(decision.target.id)
+            if decision.prefill is not None:
+                decision.prefill_leg_tokens = req.uncached_tokens(decision.prefill.id)
         self._record(req, decision)
         for plugin in self._picked_hooks:
             plugin.on_picked(req, decision)

@@ -91,3 +91,13 @@ def test_implicit_soft_affinity_from_uncached_tokens() -> None:
     d = policy.pick(ctx(text_blocks(20), debug=True), [a, b], 0.0)
     assert d.target is a
     assert d.scores["a"]["uncached_tokens"] == 64 and d.scores["b"]["uncached_tokens"] == 320
+
+
+def test_decision_tells_the_proxy_what_the_target_must_prefill() -> None:
+    policy = build_policy("lmetric")
+    a = backend("a")
+    first = policy.pick(ctx(text_blocks(16)), [a], 0.0)
+    assert first.prefill_tokens == 256  # nothing cached: the whole prompt
+    again = policy.pick(ctx(text_blocks(20)), [a], 0.0)
+    assert again.prefill_tokens == 64  # 16 of 20 blocks cached
+    assert build_policy("round_robin").pick(ctx("x" * 40), [a], 0.0).prefill_tokens is None
