@@ -104,11 +104,14 @@ class RetryableUpstream(Exception):
         self.kind = kind
 
 
-class _Disconnect:
-    __slots__ = ("happened",)
+class _Watch:
+    """Shared between a request and its disconnect watcher."""
+
+    __slots__ = ("disconnected", "finished")
 
     def __init__(self) -> None:
-        self.happened = False
+        self.disconnected = False
+        self.finished = False
 
 
 class Forwarder:
@@ -117,6 +120,7 @@ class Forwarder:
         self.settings = core.settings
         self._on_finish = getattr(core.policy, "on_finish", None)
         self._chars_per_token = core.settings.chars_per_token
+        self._watchers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, generates = HOT_ROUTES[scope["path"]]
@@ -210,10 +214,15 @@ class Forwarder:
         arrived: float,
     ) -> int:
         upstream_headers = _upstream_headers(scope["headers"], ctx.request_id)
-        disconnect = _Disconnect()
+        watch = _Watch()
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.create_task(_watch_disconnect(receive, task, disconnect))
+        # Not cancelled on the way out: uvicorn answers the watcher's receive() with
+        # http.disconnect once the response is complete, and the watcher then just returns.
+        # (Cancelling it cost more CPU than the rest of a short request's handling.)
+        watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
+        self._watchers.add(watcher)  # the loop keeps only weak references to tasks
+        watcher.add_done_callback(self._watchers.discard)
         tried: list[str] = []
         try:
             try:
@@ -226,14 +235,14 @@ class Forwarder:
                     scope["path"], ctx, raw_body, upstream_headers, send, tried, arrived, first
                 )
         except asyncio.CancelledError:
-            if not disconnect.happened:
+            if not watch.disconnected:
                 raise
             # The client left: the upstream request was closed by the cancellation.
             task.uncancel()
             self.core.metrics.client_disconnects.inc()
             return 499
         finally:
-            watcher.cancel()
+            watch.finished = True
 
     async def _retry(
         self,
@@ -462,13 +471,12 @@ def _exhausted(tried: list[str], last: RetryableUpstream) -> ProxyError:
     )
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], flag: _Disconnect) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            flag.happened = True
-            task.cancel()
-            return
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _Watch) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    if not watch.finished:
+        watch.disconnected = True
+        task.cancel()
 
 
 def _upstream_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> dict[str, str]:
