@@ -69,7 +69,7 @@ class _PoolCollector(Collector):
             "Average number of running requests across the pool",
             labels=["name"],
         )
-        for name, backends in self._pools().items():
+        for name, backends in list(self._pools().items()):  # a copy: scrapes may run off-loop
             n = len(backends)
             ready.add_metric([name], n)
             if n == 0:
