@@ -337,15 +337,18 @@ class Forwarder:
         core = self.core
         session = core.session
         assert session is not None
-        charge = ctx.prompt_tokens
+        # Charge what the policy expects the backend to compute (its uncached part), else all.
+        charge = ctx.prompt_tokens if decision.prefill_tokens is None else decision.prefill_tokens
         prefill = decision.prefill if ctx.endpoint in _GENERATION else None
         if prefill is not None:
             if self.settings.pd_mode == "header":
                 headers = {**headers, PREFILLER_HEADER: host_port(prefill)}
             else:
                 try:
+                    leg_charge = decision.prefill_leg_tokens
                     kv = await run_prefill_leg(
-                        session, prefill, path, ctx.body, headers, charge,
+                        session, prefill, path, ctx.body, headers,
+                        ctx.prompt_tokens if leg_charge is None else leg_charge,
                         self.settings.pd_prefill_timeout,
                     )  # fmt: skip
                 except PrefillFailed as e:
