@@ -81,6 +81,7 @@ class EngineCore:
         # Seconds a prefill engine keeps blocks for a decode engine that never reads them
         # (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT defaults to 480 s).
         self.hold_timeout_s = 480.0
+        self._token_str = tokenizer.token_str
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, req: SimRequest) -> None:
@@ -177,8 +178,9 @@ class EngineCore:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
-            while not self._grow(req, req.num_computed + n):
+            computed = req.num_computed
+            n = min(req.num_tokens - computed, budget)
+            while not self._grow(req, computed + n):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -188,8 +190,8 @@ class EngineCore:
                 chunks.append((req, n))
                 budget -= n
                 new_tokens += n
-                context_tokens += req.num_computed
-                if req.num_computed == req.num_tokens - 1 and req.output_ids:
+                context_tokens += computed
+                if n == 1 and req.output_ids:
                     n_decode += 1
                 else:
                     n_prefill += 1
@@ -235,9 +237,10 @@ class EngineCore:
         for req, n in step.chunks:
             if req.status is not Status.RUNNING:
                 continue  # aborted while the step ran
-            req.num_computed += n
-            self._register_full_blocks(req)
-            if req.num_computed == req.num_tokens:
+            computed = req.num_computed = req.num_computed + n
+            if computed // self.block_size > req.num_cached_blocks:
+                self._register_full_blocks(req)
+            if computed == req.num_tokens:
                 self._sample(req, now)
 
     # ---- internals ------------------------------------------------------------------------
@@ -306,10 +309,13 @@ class EngineCore:
         req.num_cached_blocks = full
 
     def _sample(self, req: SimRequest, now: float) -> None:
-        tok = self.lm.next_token(req.lm_state)
+        # The per-token hot path: kept flat, no property lookups.
+        lm = self.lm
+        tok = lm.next_token(req.lm_state)
         first = not req.output_ids
         req.output_ids.append(tok)
-        req.lm_state = self.lm.push(req.lm_state, tok)
+        req.num_tokens += 1
+        req.lm_state = lm.push(req.lm_state, tok)
         self.counters.generation_tokens += 1
         if first:
             req.first_token_at = now
@@ -318,32 +324,37 @@ class EngineCore:
         req.last_token_at = now
 
         params = req.params
-        text = self.tokenizer.token_str(tok)
+        text = self._token_str(tok)
         finish: str | None = None
         stop_reason: int | str | None = None
         n_out = len(req.output_ids)
         if n_out >= params.min_tokens:
             if tok == EOS_ID and not params.ignore_eos:
                 finish = "stop"
-            elif tok in params.stop_token_ids:
+            elif params.stop_token_ids and tok in params.stop_token_ids:
                 finish, stop_reason = "stop", tok
             elif params.stop:
                 text, finish, stop_reason = self._check_stop_strings(req, text)
         if finish is None and (n_out >= params.max_tokens
                                or req.num_tokens >= self.profile.max_model_len):
             finish = "length"
+        req.text_parts.append(text)
         if finish is None:
-            req.output_text += text
             req.stream.put(TokenEvent([tok], text))
             return
-        req.output_text += text
         self.running.remove(req)
         self._finish(req, finish, stop_reason, now, TokenEvent([tok], text))
 
     def _check_stop_strings(self, req: SimRequest, text: str) -> tuple[str, str | None, str | None]:
-        before = req.output_text
+        longest = max(len(s) for s in req.params.stop)
+        # Only the tail of the text so far can hold the start of a stop string.
+        before = ""
+        for part in reversed(req.text_parts):
+            if len(before) >= longest:
+                break
+            before = part + before
         combined = before + text
-        window_start = max(0, len(before) - max(len(s) for s in req.params.stop) + 1)
+        window_start = max(0, len(before) - longest + 1)
         for s in req.params.stop:
             at = combined.find(s, window_start)
             if at >= 0:

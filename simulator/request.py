@@ -83,7 +83,8 @@ class SimRequest:
     lm_state: int  # rolling hash of prompt + outputs so far
     ready_at: float = 0.0  # when the scheduler may first take it (arrival + API overhead)
     output_ids: list[int] = field(default_factory=list)
-    output_text: str = ""
+    text_parts: list[str] = field(default_factory=list)  # output text, one piece per token
+    num_tokens: int = -1  # prompt + outputs, kept up to date by the engine core
     status: Status = Status.WAITING
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -105,9 +106,12 @@ class SimRequest:
     kv_transfer_params: dict[str, Any] | None = None
     stream: OutputStream = field(default_factory=OutputStream)
 
+    def __post_init__(self) -> None:
+        self.num_tokens = len(self.prompt_ids) + len(self.output_ids)
+
     @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+    def output_text(self) -> str:
+        return "".join(self.text_parts)
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from fleet.types import Role
 from simulator.engine import Engine
-from simulator.faults import parse_fault_update
+from simulator.faults import FaultState, parse_fault_update
 from simulator.metrics import METRICS_CONTENT_TYPE
 from simulator.openai_api import (
     CHAT,
@@ -68,7 +68,7 @@ class EngineServer:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def faults(self) -> Any:
+    def faults(self) -> FaultState:
         return self.engine.faults
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -296,8 +296,7 @@ class EngineServer:
         req = self.engine.release_held(str(rid))
         if req is None:
             return _json(error_body(f"no blocks held for request {rid}", 404), 404)
-        return _json({"num_tokens": req.num_computed, "num_blocks": len(body.get(
-            "remote_block_ids") or [])})
+        return _json({"num_tokens": req.num_computed})
 
     # ---- completions --------------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:
