@@ -40,16 +40,14 @@ class Profile:
             if not candidates:
                 req.reasons.append(f"{self.name}: {f.name} left no candidate")
                 return None
-        n = len(candidates)
-        totals = [0.0] * n
+        totals = [0.0] * len(candidates)
         for ws in self.scorers:
             t0 = time.perf_counter() if timer else 0.0
             scores = ws.scorer.score(req, candidates)
             if timer:
                 timer("scorer", ws.scorer.type, ws.scorer.name, time.perf_counter() - t0)
             w = ws.weight
-            for i in range(n):
-                totals[i] += w * scores[i]
+            totals = [t + w * s for t, s in zip(totals, scores, strict=True)]
             if req.explain:
                 for b, s in zip(candidates, scores, strict=True):
                     req.note(b.id, ws.scorer.name, s)

@@ -45,25 +45,31 @@ class PrefixCacheAffinityFilter(PluginBase):
     def filter(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> Sequence[Backend]:
         p = self.params
         match = req.prefix()
-        sticky: list[Backend] = []
-        others: list[Backend] = []
-        for b in candidates:
-            (sticky if match.ratio(b.id) >= p.threshold else others).append(b)
-        if not sticky or not others:
+        if match.total_blocks == 0:
+            return candidates
+        # Only backends holding part of the prompt can be sticky: look at those alone.
+        need = p.threshold * match.total_blocks
+        sticky_ids = {bid for bid, blocks in match.matched.items() if blocks >= need}
+        if not sticky_ids:
+            return candidates
+        sticky = [b for b in candidates if b.spec.id in sticky_ids]
+        if not sticky or len(sticky) == len(candidates):
             return candidates
         if p.explore_probability and self._rng.random() < p.explore_probability:
             return candidates
-        best_sticky = min(self._prefill_ahead(req, b) for b in sticky)
-        best_other = min(self._prefill_ahead(req, b) for b in others)
+        uncached = req.uncached_by_backend()
+        everything = req.ctx.prompt_tokens
+        best_sticky = min(b.load.pending_prefill_tokens + uncached[b.spec.id] for b in sticky)
+        best_other = min(
+            b.load.pending_prefill_tokens + uncached.get(b.spec.id, everything)
+            for b in candidates
+            if b.spec.id not in sticky_ids
+        )
         if best_sticky > best_other * p.gate_ratio + p.gate_slack_tokens:
             self.gate_trips += 1
             req.reasons.append(f"{self.name}: TTFT load gate broke stickiness")
             return candidates
         return sticky
-
-    @staticmethod
-    def _prefill_ahead(req: SchedulingRequest, b: Backend) -> int:
-        return b.load.pending_prefill_tokens + req.uncached_tokens(b.id)
 
     def stats(self) -> dict[str, int]:
         return {"gate_trips": self.gate_trips}

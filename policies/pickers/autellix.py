@@ -49,7 +49,8 @@ class AutellixPicker(PluginBase):
         self.params = params
         self._table: OrderedDict[str, _Assignment] = OrderedDict()  # oldest last_seen first
         self._rotation = Rotation()
-        self._engines: dict[str, Backend] = {}  # backends seen, for stats
+        self._engines: Sequence[Backend] = ()  # the last candidates, for stats
+        self._removed: set[str] = set()  # removed since the last request
         self.total_requests = 0
         self.small_requests = 0
         self.large_requests = 0
@@ -63,8 +64,8 @@ class AutellixPicker(PluginBase):
         self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
     ) -> Backend:
         self._expire(req.now)
-        for b in candidates:
-            self._engines[b.id] = b
+        self._engines = candidates
+        self._removed.clear()
         self.total_requests += 1
         tokens = req.ctx.prompt_tokens
         pid = req.ctx.program_id or req.ctx.session_id
@@ -75,7 +76,7 @@ class AutellixPicker(PluginBase):
         self.large_requests += 1
         entry = self._table.get(pid)
         if entry is not None:
-            owner = next((b for b in candidates if b.id == entry.backend_id), None)
+            owner = next((b for b in candidates if b.spec.id == entry.backend_id), None)
             if owner is not None:
                 self.locality_hits += 1
                 entry.last_seen = req.now
@@ -118,7 +119,7 @@ class AutellixPicker(PluginBase):
 
     def on_backend_removed(self, backend_id: str) -> None:
         # Its programs stay in the table without an engine; their next request reassigns them.
-        self._engines.pop(backend_id, None)
+        self._removed.add(backend_id)
         for entry in self._table.values():
             if entry.backend_id == backend_id:
                 entry.backend_id = ""
@@ -139,11 +140,12 @@ class AutellixPicker(PluginBase):
             "ended_programs": self.ended_programs,
             "programs_in_table": len(self._table),
             "engines": {
-                bid: {
+                b.id: {
                     "active_requests": b.load.in_flight,
-                    "programs_assigned": per_engine.get(bid, 0),
+                    "programs_assigned": per_engine.get(b.id, 0),
                     "workload": b.load.in_flight,
                 }
-                for bid, b in self._engines.items()
+                for b in self._engines
+                if b.id not in self._removed
             },
         }

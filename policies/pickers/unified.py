@@ -59,7 +59,7 @@ class UnifiedPicker(PluginBase):
         avg = sum(batch_size(b) for b in candidates) / n
         sid = req.ctx.session_id
         owner_id = None if sid is None else self.sessions.get(sid)
-        owner = next((b for b in candidates if b.id == owner_id), None) if owner_id else None
+        owner = next((b for b in candidates if b.spec.id == owner_id), None) if owner_id else None
         if owner is not None:
             ratio = req.cache_ratio(owner.id)
             if req.explain:

@@ -30,13 +30,18 @@ class QueueDepthScorer(PluginBase):
         return inverse_min_max([queue_size(b) for b in candidates])
 
 
+def free_kv(b: Backend) -> float:
+    used = kv_usage(b)
+    return 1.0 if used <= 0.0 else 0.0 if used >= 1.0 else 1.0 - used
+
+
 class KvCacheUtilizationScorer(PluginBase):
     """1 - KV-cache usage (0 when the backend has not been scraped yet)."""
 
     type = "kv-cache-utilization-scorer"
 
     def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
-        return [1.0 - min(1.0, max(0.0, kv_usage(b))) for b in candidates]
+        return [free_kv(b) for b in candidates]
 
 
 class RunningRequestsScorer(PluginBase):

@@ -20,4 +20,7 @@ class PrefixCacheScorer(PluginBase):
 
     def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
         match = req.prefix()
-        return [match.ratio(b.id) for b in candidates]
+        if not match.matched:
+            return [0.0] * len(candidates)
+        matched, total = match.matched, match.total_blocks
+        return [matched.get(b.spec.id, 0) / total for b in candidates]

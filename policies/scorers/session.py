@@ -32,7 +32,7 @@ class SessionAffinityScorer(PluginBase):
         owner = None if sid is None else self.sessions.get(sid)
         if owner is None:
             return [0.0] * len(candidates)
-        return [1.0 if b.id == owner else 0.0 for b in candidates]
+        return [1.0 if b.spec.id == owner else 0.0 for b in candidates]
 
     def on_picked(self, req: SchedulingRequest, decision: Decision) -> None:
         if req.ctx.session_id is not None:
