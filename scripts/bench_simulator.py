@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -63,6 +64,12 @@ async def _states(http: aiohttp.ClientSession, urls: list[str]) -> list[dict[str
     return out
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _lag(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> float:
     planned = sum(a["planned_busy_s"] - b["planned_busy_s"] for a, b in zip(after, before,
                                                                             strict=True))
@@ -102,10 +109,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             errors = [s.error for s in streams if s.error]
             before = await _states(http, urls)
             chunks_before = sum(s.chunks for s in streams)
+            cpu0 = _cpu_seconds(proc.pid)
             w0 = time.monotonic()
             await asyncio.sleep(args.hold)
             after = await _states(http, urls)
             window = time.monotonic() - w0
+            sim_cpu = (_cpu_seconds(proc.pid) - cpu0) / window
             chunks = sum(s.chunks for s in streams) - chunks_before
             alive = sum(1 for t in tasks if not t.done())
             held = sum(s["running"] + s["waiting"] for s in after)
@@ -122,6 +131,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "running_per_engine": [s["running"] for s in after],
             "window_s": round(window, 2), "chunks_per_s": round(chunks / window),
             "clock_lag": round(_lag(before, after), 4),
+            "sim_cpu_cores": round(sim_cpu, 2), "load_average_1m": os.getloadavg()[0],
             "requests_left_after_close": sum(s["running"] + s["waiting"] for s in drained),
         }
     finally:
