@@ -80,13 +80,18 @@ class SchedulingRequest:
             self._match = _NO_MATCH if index is None else index.match(self.hashes())
         return self._match
 
+    def text_bytes(self) -> int:
+        """The prompt's length in the unit blocks are cut in (UTF-8 bytes)."""
+        text = self.ctx.prompt_text
+        return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
     def cached_chars(self, backend_id: str) -> int:
         match = self.prefix()
         return match.blocks(backend_id) * match.chars_per_block
 
     def cache_ratio(self, backend_id: str) -> float:
         """Share of the prompt this backend is believed to hold in its prefix cache."""
-        n = len(self.ctx.prompt_text)
+        n = self.text_bytes()
         return 0.0 if n == 0 else min(1.0, self.cached_chars(backend_id) / n)
 
     def uncached_by_backend(self) -> dict[str, int]:
@@ -95,7 +100,7 @@ class SchedulingRequest:
         the text, so this holds whichever token counter filled prompt_tokens."""
         if self._uncached is None:
             tokens = self.ctx.prompt_tokens
-            n = len(self.ctx.prompt_text)
+            n = self.text_bytes()
             match = self.prefix()
             cpb = match.chars_per_block
             self._uncached = (

@@ -98,3 +98,13 @@ def test_explain_all_fills_every_receipt() -> None:
 def test_no_candidates_at_all_is_no_candidate() -> None:
     with pytest.raises(NoCandidate):
         build_routing({"policy": "round_robin"}).pick(ctx(), [], 0.0)
+
+
+def test_cached_share_is_measured_in_the_bytes_blocks_are_cut_in() -> None:
+    services = RoutingServices(64, 100)
+    index = services.use_prefix_index()
+    text = "é" * 64  # 128 UTF-8 bytes: two blocks
+    index.record("a", index.hashes(text[:32], "m"))  # one block
+    req = SchedulingRequest(ctx(text, tokens=100), 0.0, services)
+    assert req.cache_ratio("a") == pytest.approx(0.5)
+    assert req.uncached_tokens("a") == 50
