@@ -67,17 +67,22 @@ class FleetRegistry:
             backend.spec = replace(backend.spec, models=models)
 
     def candidates(self, model: str, now: float) -> list[Backend]:
-        """Backends that may take a new request for `model` right now."""
-        stale_after = self.stale_after
-        return [
-            b
-            for b in self._backends.values()
-            if b.healthy
-            and not b.draining
-            and model in b.spec.models
-            and b.snapshot is not None
-            and now - b.snapshot.taken_at <= stale_after
-        ]
+        """Backends that may take a new request for `model` right now.
+
+        Healthy, not draining, serving `model`, with a fresh scrape. When every such backend's
+        scrape is stale at once, the likely cause is this process (a saturated event loop
+        delays all scrapes alike), not the fleet: then the healthy ones are used as they are,
+        rather than answering 503 to everyone. A dead backend fails its health check or its
+        connection and is excluded either way.
+        """
+        fresh: list[Backend] = []
+        stale: list[Backend] = []
+        for b in self._backends.values():
+            snap = b.snapshot
+            if not b.healthy or b.draining or snap is None or model not in b.spec.models:
+                continue
+            (fresh if now - snap.taken_at <= self.stale_after else stale).append(b)
+        return fresh or stale
 
     def routable(self, now: float) -> list[Backend]:
         return [b for b in self._backends.values() if b.routable(now, self.stale_after)]

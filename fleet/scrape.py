@@ -33,6 +33,7 @@ class Scraper:
         health_interval: float = 1.0,
         models_interval: float = 10.0,
         timeout: float = 1.0,
+        unhealthy_after: int = 2,
     ) -> None:
         self.registry = registry
         self.client = client
@@ -41,6 +42,11 @@ class Scraper:
         self.health_interval = health_interval
         self.models_interval = models_interval
         self.timeout = timeout
+        # Consecutive failed health checks before a backend is taken out: one slow answer
+        # while this process is busy should not empty the fleet. (A refused connection on
+        # the request path takes a backend out at once; see proxy/forward.py.)
+        self.unhealthy_after = unhealthy_after
+        self._failures: dict[str, int] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
@@ -94,9 +100,12 @@ class Scraper:
         except httpx.HTTPError as e:
             ok = False
             backend.last_error = f"/health failed: {type(e).__name__}: {e}"
-        if ok != backend.healthy:
-            log.warning("backend %s is now %s", backend.id, "healthy" if ok else "unhealthy")
-        backend.healthy = ok
+        failures = 0 if ok else self._failures.get(backend.id, 0) + 1
+        self._failures[backend.id] = failures
+        healthy = ok or (backend.healthy and failures < self.unhealthy_after)
+        if healthy != backend.healthy:
+            log.warning("backend %s is now %s", backend.id, "healthy" if healthy else "unhealthy")
+        backend.healthy = healthy
 
     async def learn_models(self, backend: Backend) -> None:
         try:

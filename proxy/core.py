@@ -76,6 +76,7 @@ class ProxyCore:
             health_interval=s.health_interval,
             models_interval=s.models_interval,
             timeout=s.scrape_timeout,
+            unhealthy_after=s.unhealthy_after,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
 

@@ -69,6 +69,7 @@ class Settings(BaseSettings):
 
     scrape_interval: float = Field(0.2, gt=0)
     health_interval: float = Field(1.0, gt=0)
+    unhealthy_after: int = Field(2, ge=1, description="failed health checks in a row")
     models_interval: float = Field(10.0, gt=0)
     scrape_timeout: float = Field(1.0, gt=0)
     stale_after: float = Field(2.0, gt=0, description="seconds before a snapshot is stale")

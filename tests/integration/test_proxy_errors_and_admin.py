@@ -109,17 +109,35 @@ async def test_no_healthy_backend_is_503_with_retry_after(backend):
         assert r.status_code == 200
 
 
-async def test_stale_scrape_stops_routing(backend):
-    async with running_proxy(fast_settings([backend.url], stale_after=0.3)) as (url, app):
-        b = next(iter(app.core.fleet))
-        # Stop the scraper: no new snapshot arrives from now on.
-        for task in app.core._tasks:
-            task.cancel()
-        await asyncio.sleep(0.5)
-        async with httpx.AsyncClient(base_url=url) as c:
-            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
-        assert r.status_code == 503
-        assert b.is_stale(app.core.clock.now(), 0.3)
+async def test_backend_with_stale_scrape_gets_no_requests(backend):
+    other = FakeBackend()
+    await other.start()
+    try:
+        settings = fast_settings([backend.url, other.url], stale_after=0.3)
+        async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+            # /metrics of `other` starts failing: its snapshot ages while backend's stays fresh.
+            other.metrics_status = 500
+            await asyncio.sleep(0.6)
+            for _ in range(4):
+                r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+                assert backend.url.endswith(r.headers["x-fleet-backend"])
+            views = (await c.get("/admin/backends")).json()
+            assert [v["routable"] for v in views] == [True, False]
+            assert "/metrics failed" in views[1]["last_error"]
+            other.metrics_status = 200
+            for _ in range(100):
+                if all(v["routable"] for v in (await c.get("/admin/backends")).json()):
+                    break
+                await asyncio.sleep(0.02)
+            used = {
+                (
+                    await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+                ).headers["x-fleet-backend"]
+                for _ in range(4)
+            }
+            assert len(used) == 2
+    finally:
+        await other.stop()
 
 
 async def test_admin_lists_adds_drains_and_removes_backends(backend):

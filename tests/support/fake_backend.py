@@ -41,6 +41,7 @@ class FakeBackend:
     active: int = 0
     cancelled: int = 0
     running_metric: float = 0.0
+    metrics_status: int = 200
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -76,6 +77,8 @@ class FakeBackend:
         )
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        if self.metrics_status != 200:
+            return web.Response(status=self.metrics_status)
         m = self.model
         text = (
             "# TYPE vllm:num_requests_running gauge\n"

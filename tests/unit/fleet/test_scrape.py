@@ -6,7 +6,7 @@ import respx
 from fleet.clock import FakeClock
 from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
-from fleet.types import BackendSpec
+from fleet.types import BackendSpec, EngineMetrics, MetricsSnapshot
 
 METRICS = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 5\n'
 
@@ -35,8 +35,43 @@ async def test_health_models_and_metrics_make_a_backend_routable() -> None:
     assert b.snapshot is not None and b.snapshot.metrics.running == 5
     assert fleet.candidates("m", clock.now()) == [b]
     assert fleet.candidates("other", clock.now()) == []
-    clock.advance(1.5)  # no scrape since: stale
-    assert fleet.candidates("m", clock.now()) == []
+    await client.aclose()
+
+
+def test_stale_backends_get_no_requests_while_others_are_fresh() -> None:
+    clock = FakeClock()
+    fleet = FleetRegistry(stale_after=1.0)
+    a = fleet.add(BackendSpec(id="a", url="http://a.test", models=("m",)))
+    b = fleet.add(BackendSpec(id="b", url="http://b.test", models=("m",)))
+    a.snapshot = MetricsSnapshot(taken_at=clock.now(), metrics=EngineMetrics())
+    clock.advance(0.8)
+    b.snapshot = MetricsSnapshot(taken_at=clock.now(), metrics=EngineMetrics())
+    clock.advance(0.5)  # a's scrape is now 1.3 s old, b's 0.5 s
+    assert fleet.candidates("m", clock.now()) == [b]
+    assert fleet.routable(clock.now()) == [b]
+    clock.advance(5)  # every scrape stale at once: this process is lagging, not the fleet
+    assert fleet.candidates("m", clock.now()) == [a, b]
+    b.healthy = False
+    assert fleet.candidates("m", clock.now()) == [a]
+
+
+@respx.mock
+async def test_one_failed_health_check_is_tolerated_two_take_a_backend_out() -> None:
+    fleet, scraper, _, client = make()
+    b = fleet.get("a")
+    assert b is not None
+    route = respx.get("http://a.test/health")
+    route.mock(side_effect=httpx.ReadTimeout("slow"))
+    await scraper.check_health(b)
+    assert b.healthy
+    await scraper.check_health(b)
+    assert not b.healthy
+    route.mock(return_value=httpx.Response(200))
+    await scraper.check_health(b)
+    assert b.healthy
+    route.mock(side_effect=httpx.ReadTimeout("slow"))
+    await scraper.check_health(b)  # the count starts again after a success
+    assert b.healthy
     await client.aclose()
 
 
@@ -48,6 +83,7 @@ async def test_failed_health_and_scrape_errors_are_recorded_not_raised() -> None
     respx.get("http://a.test/v1/models").respond(text="not json")
     b = fleet.get("a")
     assert b is not None
+    await scraper.check_health(b)
     await scraper.check_health(b)
     assert not b.healthy and "ConnectError" in b.last_error
     await scraper.scrape_metrics(b)
