@@ -123,7 +123,7 @@ def timed_stream(
 
 
 def capture_timings(
-    cap: Capture, vocab: int, lengths: list[int], reps: int, max_tokens: int
+    cap: Capture, vocab: int, lengths: list[int], reps: int, max_tokens: int, omp_threads: int
 ) -> dict[str, Any]:
     rng = random.Random(7)
     timed_stream(cap.client, cap.model, unique_prompt_ids(rng, 32, vocab), 4)  # warm-up
@@ -166,6 +166,7 @@ def capture_timings(
         "--max-model-len 4096",
         "model": f"tiny Llama: hidden 256, 4 layers, float32, vocab {vocab}",
         "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_end": os.getloadavg()[0]},
+        "omp_threads_per_engine": omp_threads,
         "by_prompt_length": rows,
         "prefix_hit_1024_plus_16": {
             "ttft_s": [s["ttft_s"] for s in hit],
@@ -176,7 +177,7 @@ def capture_timings(
 
 
 def capture_all(
-    cap: Capture, max_model_len: int, vocab: int, lengths: list[int], reps: int
+    cap: Capture, max_model_len: int, vocab: int, lengths: list[int], reps: int, omp_threads: int
 ) -> None:
     m = cap.model
     cap.json_call("models.json", "GET", "/v1/models")
@@ -232,7 +233,7 @@ def capture_all(
             "/v1/completions", json={"model": m, "prompt": [*prefix, 30 + tail], "max_tokens": 4}
         ).raise_for_status()
     cap.text_get("metrics.txt", "/metrics")
-    timings = capture_timings(cap, vocab, lengths, reps, 32)
+    timings = capture_timings(cap, vocab, lengths, reps, 32, omp_threads)
     (cap.out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     (cap.out / "manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
 
@@ -271,6 +272,7 @@ def main(argv: list[str]) -> int:
         vocab,
         [int(x) for x in args.lengths.split(",")],
         args.reps,
+        int(state.get("omp_threads", 1)),
     )
     print(f"[capture] goldens written to {args.out}", file=sys.stderr)
     return 0

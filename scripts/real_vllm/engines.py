@@ -55,6 +55,7 @@ class TierState:
     served_model_name: str
     max_model_len: int
     mode: str  # "aggregated" or "pd_nixl"
+    omp_threads: int = 1
     engines: list[Engine] = field(default_factory=list)
 
 
@@ -119,9 +120,13 @@ def log_tail(path: str, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
-def engine_env(nixl_port: int | None) -> dict[str, str]:
+def engine_env(nixl_port: int | None, omp_threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
+        # vLLM would start 2 OpenMP threads per engine here; two engines spinning on 2 shared
+        # cores then ran ~8x slower when both were busy (measured: 100 tokens each in 32-36 s
+        # instead of 3-5.5 s with one thread each).
+        OMP_NUM_THREADS=str(omp_threads),
         VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         VLLM_CPU_OMP_THREADS_BIND="nobind",
         HF_HUB_OFFLINE="1",
@@ -155,7 +160,9 @@ def engine_command(venv: Path, model: Path, port: int, nixl: bool) -> list[str]:
     return cmd
 
 
-def launch(venv: Path, model: Path, name: str, role: str, port: int, log_dir: Path) -> Engine:
+def launch(
+    venv: Path, model: Path, name: str, role: str, port: int, log_dir: Path, omp_threads: int
+) -> Engine:
     ensure_port_free(port)
     nixl_port = free_port() if role in ("prefill", "decode") else None
     if nixl_port is not None:
@@ -167,7 +174,7 @@ def launch(venv: Path, model: Path, name: str, role: str, port: int, log_dir: Pa
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=engine_env(nixl_port),
+            env=engine_env(nixl_port, omp_threads),
             start_new_session=True,  # its own process group, so stop ends the engine core too
         )
     return Engine(name, role, port, f"http://127.0.0.1:{port}", proc.pid, str(log), nixl_port)
@@ -227,7 +234,7 @@ def stop_engine(engine: Engine, grace: float = 20.0) -> None:
         os.waitpid(engine.pid, os.WNOHANG)
 
 
-def start(count: int, pd_nixl: bool, timeout: float) -> TierState:
+def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierState:
     venv, model, path = venv_dir(), model_dir(), state_path(pd_nixl)
     if not (venv / "bin" / "python").exists():
         raise TierError(f"no vLLM venv at {venv}: run scripts/real_vllm/prepare.sh first")
@@ -256,11 +263,12 @@ def start(count: int, pd_nixl: bool, timeout: float) -> TierState:
         SERVED_MODEL_NAME,
         MAX_MODEL_LEN,
         "pd_nixl" if pd_nixl else "aggregated",
+        omp_threads=omp_threads,
     )
     try:
         for i, role in enumerate(roles):
             name = f"engine-{i}" if role == "both" else f"{role}-{i}"
-            state.engines.append(launch(venv, model, name, role, free_port(), log_dir))
+            state.engines.append(launch(venv, model, name, role, free_port(), log_dir, omp_threads))
             write_state(path, state)  # recorded at once, so `stop` works even if start fails
         wait_ready(state.engines, timeout)
     except BaseException:
@@ -310,6 +318,12 @@ def main(argv: list[str]) -> int:
     p_start.add_argument(
         "--pd-nixl", action="store_true", help="one prefill + one decode with NixlConnector"
     )
+    p_start.add_argument(
+        "--omp-threads",
+        type=int,
+        default=int(os.environ.get("FLEET_VLLM_OMP_THREADS", "1")),
+        help="OpenMP threads per engine (default 1, env FLEET_VLLM_OMP_THREADS)",
+    )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
     p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")
     p_status = sub.add_parser("status", help="print the engines and whether they answer /health")
@@ -318,7 +332,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "start":
-            state = start(args.count, args.pd_nixl, args.timeout)
+            state = start(args.count, args.pd_nixl, args.timeout, args.omp_threads)
             print(state_path(args.pd_nixl))
             return 0 if state.engines else 1
         if args.cmd == "stop":

@@ -29,10 +29,21 @@ HOW_TO = (
     "`bash scripts/real_vllm/run_tier.sh`"
 )
 
+HOW_TO_PD = (
+    "prepare and start it with `bash scripts/real_vllm/prepare.sh --with-nixl && "
+    "python3 scripts/real_vllm/engines.py start --pd-nixl`, or run the tier with "
+    "`bash scripts/real_vllm/run_tier.sh --with-pd`"
+)
 
-def unavailable(reason: str) -> None:
-    """Skip, or fail where the tier is required (CI sets FLEET_REAL_VLLM_REQUIRED=1)."""
-    if os.environ.get("FLEET_REAL_VLLM_REQUIRED") == "1":
+
+def required_env(mode: str) -> str:
+    """The variable that makes a missing tier of this mode a failure (run_tier.sh sets it)."""
+    return "FLEET_REAL_VLLM_PD_REQUIRED" if mode == "pd_nixl" else "FLEET_REAL_VLLM_REQUIRED"
+
+
+def unavailable(reason: str, mode: str) -> None:
+    """Skip, or fail where the tier is required."""
+    if os.environ.get(required_env(mode)) == "1":
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
 
@@ -71,10 +82,15 @@ class Tier:
 
 def load_tier(state_file: Path, mode: str) -> Tier:
     if not state_file.exists():
-        unavailable(f"real-vLLM tier ({mode}) not running: no state file {state_file}; {HOW_TO}")
+        how_to = HOW_TO_PD if mode == "pd_nixl" else HOW_TO
+        unavailable(
+            f"real-vLLM tier ({mode}) not running: no state file {state_file}; {how_to}", mode
+        )
     raw = json.loads(state_file.read_text())
     if raw.get("mode") != mode:
-        unavailable(f"{state_file} describes a {raw.get('mode')!r} tier, these tests need {mode!r}")
+        unavailable(
+            f"{state_file} describes a {raw.get('mode')!r} tier, these tests need {mode!r}", mode
+        )
     engines = tuple(
         Engine(e["name"], e["role"], e["url"], e["pid"], e["log"], e.get("nixl_side_channel_port"))
         for e in raw["engines"]
