@@ -1,8 +1,12 @@
-"""A bounded key -> backend table with least-recently-used eviction (sessions, programs)."""
+"""Session -> backend memory: a bounded LRU table, and the plugin base that keeps one."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from policies.base import Decision
+from policies.plugin import SchedulingRequest
+from policies.plugin_base import PluginBase
 
 
 class AffinityTable:
@@ -32,3 +36,22 @@ class AffinityTable:
 
     def __len__(self) -> int:
         return len(self._owners)
+
+
+class SessionOwnerPlugin(PluginBase):
+    """A plugin that remembers the backend of each session's last request."""
+
+    def __init__(self, max_sessions: int, name: str = "") -> None:
+        super().__init__(name)
+        self.sessions = AffinityTable(max_sessions)
+
+    def owner(self, req: SchedulingRequest) -> str | None:
+        sid = req.ctx.session_id
+        return None if sid is None else self.sessions.get(sid)
+
+    def on_picked(self, req: SchedulingRequest, decision: Decision) -> None:
+        if req.ctx.session_id is not None:
+            self.sessions.set(req.ctx.session_id, decision.target.id)
+
+    def on_backend_removed(self, backend_id: str) -> None:
+        self.sessions.forget_backend(backend_id)

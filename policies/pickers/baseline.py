@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from fleet.types import Backend
 from policies.pickers.rotation import Rotation
 from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.plugin_base import PluginBase, SeededPlugin
 
 
 class RoundRobinPicker(PluginBase):
@@ -52,14 +51,10 @@ class LeastRequestsPicker(PluginBase):
         return least_in_flight(candidates, self._rotation.start(len(candidates)))
 
 
-class PowerOfTwoPicker(PluginBase):
+class PowerOfTwoPicker(SeededPlugin):
     """Two random candidates, the one with fewer requests in flight (first sampled on a tie)."""
 
     type = "power-of-two-picker"
-
-    def __init__(self, seed: int | None = None, name: str = "") -> None:
-        super().__init__(name)
-        self._rng = random.Random(seed)
 
     def pick(
         self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from fleet.types import Backend
 from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.plugin_base import SeededPlugin
 
 
-class MaxScorePicker(PluginBase):
+class MaxScorePicker(SeededPlugin):
     """The highest total; ties are broken at random (as the EPP does) so they spread."""
 
     type = "max-score-picker"
-
-    def __init__(self, seed: int | None = None, name: str = "") -> None:
-        super().__init__(name)
-        self._rng = random.Random(seed)
 
     def pick(
         self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
@@ -28,12 +23,8 @@ class MaxScorePicker(PluginBase):
         return candidates[i]
 
 
-class RandomPicker(PluginBase):
+class RandomPicker(SeededPlugin):
     type = "random-picker"
-
-    def __init__(self, seed: int | None = None, name: str = "") -> None:
-        super().__init__(name)
-        self._rng = random.Random(seed)
 
     def pick(
         self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
@@ -41,14 +32,10 @@ class RandomPicker(PluginBase):
         return candidates[self._rng.randrange(len(candidates))]
 
 
-class WeightedRandomPicker(PluginBase):
+class WeightedRandomPicker(SeededPlugin):
     """Lottery scheduling: the chance of a backend is its total over the sum of totals."""
 
     type = "weighted-random-picker"
-
-    def __init__(self, seed: int | None = None, name: str = "") -> None:
-        super().__init__(name)
-        self._rng = random.Random(seed)
 
     def pick(
         self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]

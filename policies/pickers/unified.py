@@ -20,13 +20,11 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
-from policies.base import Decision
 from policies.loads import batch_size
 from policies.pickers.lmetric import lmetric_argmin
 from policies.pickers.rotation import Rotation
 from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
-from policies.sessions import AffinityTable
+from policies.sessions import SessionOwnerPlugin
 
 
 class UnifiedParams(BaseModel):
@@ -37,14 +35,13 @@ class UnifiedParams(BaseModel):
     max_sessions: int = Field(100_000, ge=1)
 
 
-class UnifiedPicker(PluginBase):
+class UnifiedPicker(SessionOwnerPlugin):
     type = "unified-picker"
 
     def __init__(self, params: UnifiedParams, services: RoutingServices, name: str = "") -> None:
-        super().__init__(name)
+        super().__init__(params.max_sessions, name)
         services.use_prefix_index()
         self.params = params
-        self.sessions = AffinityTable(params.max_sessions)
         self._rotation = Rotation()
         self.affinity_hits = 0
         self.gate_ratio_failures = 0
@@ -57,8 +54,7 @@ class UnifiedPicker(PluginBase):
         p = self.params
         n = len(candidates)
         avg = sum(batch_size(b) for b in candidates) / n
-        sid = req.ctx.session_id
-        owner_id = None if sid is None else self.sessions.get(sid)
+        owner_id = self.owner(req)
         owner = next((b for b in candidates if b.spec.id == owner_id), None) if owner_id else None
         if owner is not None:
             ratio = req.cache_ratio(owner.id)
@@ -82,13 +78,6 @@ class UnifiedPicker(PluginBase):
                 pool = under
         req.reasons.append("unified: lmetric")
         return lmetric_argmin(req, pool, self._rotation.start(len(pool)))
-
-    def on_picked(self, req: SchedulingRequest, decision: Decision) -> None:
-        if req.ctx.session_id is not None:
-            self.sessions.set(req.ctx.session_id, decision.target.id)
-
-    def on_backend_removed(self, backend_id: str) -> None:
-        self.sessions.forget_backend(backend_id)
 
     def stats(self) -> dict[str, int]:
         return {
