@@ -357,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.selfcheck import selfcheck_main
 
         return selfcheck_main(argv[1:])
+    if argv[:1] == ["make-trace"]:
+        from bench.tracegen import make_trace_main
+
+        return make_trace_main(argv[1:])
     if argv[:1] == ["fake-server"]:
         from bench.fake_openai import serve_main
 

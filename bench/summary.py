@@ -71,6 +71,16 @@ def balance(records: Sequence[RequestRecord], backends: Sequence[str] = ()) -> d
     `backends` lists backends known to exist, so one that received nothing shows as 0 (and
     the ratio as undefined) rather than vanishing from the table.
     """
+    if not any(r.backend for r in records if r.ok):
+        # The target names no backend (a peer router, a bare engine): nothing to attribute;
+        # the /metrics snapshots give balance instead.
+        return {
+            "backends": {},
+            "requests_max_over_min": None,
+            "tokens_max_over_min": None,
+            "requests_cv": None,
+            "source": "no x-fleet-backend header",
+        }
     per: dict[str, dict[str, int]] = {
         b: {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0} for b in backends
     }

@@ -121,3 +121,10 @@ def test_balance_counts_idle_backends() -> None:
     assert b2["tokens_max_over_min"] == pytest.approx(3.0)
     assert b2["requests_cv"] == pytest.approx(0.5)
     assert math.isclose(b2["backends"]["b2"]["prompt_tokens"], 10)
+
+
+def test_balance_without_backend_headers_attributes_nothing() -> None:
+    records = [rec(sent=0, ttft=0.1, e2e=0.2, out=2, backend="")] * 2
+    records[0].backend = records[1].backend = None
+    b = balance(records, backends=["b1", "b2"])
+    assert b["backends"] == {} and b["requests_max_over_min"] is None
