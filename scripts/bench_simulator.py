@@ -29,6 +29,10 @@ from simulator.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = "import sys; from simulator.cli import main; sys.exit(main(sys.argv[1:]))"
+# The same under cProfile, the stats written to argv[1] on exit.
+LAUNCH_PROFILED = ("import cProfile, sys; from simulator.cli import main; p = cProfile.Profile();"
+                   " p.enable(); rc = main(sys.argv[2:]); p.disable();"
+                   " p.dump_stats(sys.argv[1]); sys.exit(rc)")
 
 
 class Stream:
@@ -80,7 +84,8 @@ def _lag(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> float:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", LAUNCH, "--engines", str(args.engines), "--base-port", "0",
+        sys.executable, "-c", *([LAUNCH_PROFILED, args.cprofile] if args.cprofile else [LAUNCH]),
+        "--engines", str(args.engines), "--base-port", "0",
         "--profile", args.profile, "--speed", str(args.speed), cwd=ROOT,
         stdout=asyncio.subprocess.PIPE)
     assert proc.stdout is not None
@@ -116,6 +121,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             window = time.monotonic() - w0
             sim_cpu = (_cpu_seconds(proc.pid) - cpu0) / window
             chunks = sum(s.chunks for s in streams) - chunks_before
+            tokens = sum(a["generation_tokens"] - b["generation_tokens"]
+                         for a, b in zip(after, before, strict=True))
             alive = sum(1 for t in tasks if not t.done())
             held = sum(s["running"] + s["waiting"] for s in after)
             for t in tasks:
@@ -132,6 +139,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "window_s": round(window, 2), "chunks_per_s": round(chunks / window),
             "clock_lag": round(_lag(before, after), 4),
             "sim_cpu_cores": round(sim_cpu, 2), "load_average_1m": os.getloadavg()[0],
+            "tokens_per_s": round(tokens / window),
+            "sim_cpu_us_per_token": round(1e6 * sim_cpu * window / max(1, tokens), 1),
             "requests_left_after_close": sum(s["running"] + s["waiting"] for s in drained),
         }
     finally:
@@ -156,6 +165,7 @@ def main() -> int:
                    help="tokens per stream (default: as many as the context allows)")
     p.add_argument("--hold", type=float, default=20.0, help="seconds to hold all streams")
     p.add_argument("--ramp-timeout", type=float, default=120.0)
+    p.add_argument("--cprofile", default="", help="write the simulator's cProfile stats here")
     args = p.parse_args()
     result = asyncio.run(run(args))
     print(json.dumps(result))

@@ -282,6 +282,7 @@ class EngineServer:
             "num_blocks": core.pool.num_blocks, "held_for_transfer": len(core.held),
             "in_flight": self.in_flight, "steps": c.steps, "preemptions": c.preemptions,
             "prefix_queries": c.prefix_queries, "prefix_hits": c.prefix_hits,
+            "generation_tokens": c.generation_tokens,
             "finished": c.finished, "lag_fraction": self.engine.lag_fraction(),
             "planned_busy_s": self.engine.planned_busy, "actual_busy_s": self.engine.actual_busy,
             "engine_time": self.engine.time.now(), "faults": self.engine.faults.settings.to_json(),
