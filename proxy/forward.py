@@ -125,15 +125,22 @@ class Forwarder:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, generates = HOT_ROUTES[scope["path"]]
         arrived = time.perf_counter()
+        # One pass over the headers: all of them for routing, the end-to-end ones for upstream.
         headers: dict[str, str] = {}
+        upstream: dict[str, str] = {}
         for k, v in scope["headers"]:
-            headers[k.decode("latin-1")] = v.decode("latin-1")
+            name, value = k.decode("latin-1"), v.decode("latin-1")
+            headers[name] = value
+            if k not in _DROP_REQUEST_HEADERS:
+                upstream[name] = value
         request_id = headers.get("x-request-id") or os.urandom(16).hex()
+        # The same id on every leg lets vLLM's abort and logs line up with ours.
+        upstream["x-request-id"] = request_id
         status = 500
         try:
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
-            status = await self._serve(scope, receive, send, ctx, body, arrived)
+            status = await self._serve(scope, receive, send, ctx, body, upstream, arrived)
         except ProxyError as e:
             status = e.status
             await _send_error(send, e, request_id)
@@ -211,9 +218,9 @@ class Forwarder:
         send: Send,
         ctx: RequestContext,
         raw_body: bytes,
+        upstream_headers: dict[str, str],
         arrived: float,
     ) -> int:
-        upstream_headers = _upstream_headers(scope["headers"], ctx.request_id)
         watch = _Watch()
         task = asyncio.current_task()
         assert task is not None
@@ -420,8 +427,8 @@ class Forwarder:
                                 load.running_decodes += 1
                                 decoding = True
                                 live.first_token_at = time.perf_counter()
-                                core.metrics.ttft.labels(ctx.endpoint).observe(
-                                    live.first_token_at - arrived
+                                core.metrics.observe_ttft(
+                                    ctx.endpoint, live.first_token_at - arrived
                                 )
                             live.events += chunk.count(b"data: ")
                             chunks.append(chunk)
@@ -461,7 +468,7 @@ class Forwarder:
                 self._on_finish(ctx, decision)
 
     def _observe(self, endpoint: str, arrived: float) -> None:
-        self.core.metrics.duration.labels(endpoint).observe(time.perf_counter() - arrived)
+        self.core.metrics.observe_duration(endpoint, time.perf_counter() - arrived)
 
 
 def _exhausted(tried: list[str], last: RetryableUpstream) -> ProxyError:
@@ -480,15 +487,6 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _W
     if not watch.finished:
         watch.disconnected = True
         task.cancel()
-
-
-def _upstream_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> dict[str, str]:
-    out = {
-        k.decode("latin-1"): v.decode("latin-1") for k, v in raw if k not in _DROP_REQUEST_HEADERS
-    }
-    # The same id on every leg lets vLLM's abort and logs line up with ours.
-    out["x-request-id"] = request_id
-    return out
 
 
 def _response_headers(

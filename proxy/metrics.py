@@ -66,7 +66,10 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        # labels() locks and hashes on every call: keep the bound children.
         self._request_children: dict[tuple[str, int], Callable[[], None]] = {}
+        self._ttft_children: dict[str, Callable[[float], None]] = {}
+        self._duration_children: dict[str, Callable[[float], None]] = {}
 
     def count_request(self, endpoint: str, status: int) -> None:
         inc = self._request_children.get((endpoint, status))
@@ -74,6 +77,18 @@ class RouterMetrics:
             inc = self.requests.labels(endpoint, str(status)).inc
             self._request_children[(endpoint, status)] = inc
         inc()
+
+    def observe_ttft(self, endpoint: str, seconds: float) -> None:
+        observe = self._ttft_children.get(endpoint)
+        if observe is None:
+            observe = self._ttft_children[endpoint] = self.ttft.labels(endpoint).observe
+        observe(seconds)
+
+    def observe_duration(self, endpoint: str, seconds: float) -> None:
+        observe = self._duration_children.get(endpoint)
+        if observe is None:
+            observe = self._duration_children[endpoint] = self.duration.labels(endpoint).observe
+        observe(seconds)
 
 
 class BackendStateCollector(Collector):
