@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fleet.clock import Clock
 from proxy.admin import admin_router
 from proxy.core import ProxyCore
-from proxy.forward import HOT_ROUTES, Forwarder, Receive, Scope, Send
+from proxy.errors import ProxyError
+from proxy.forward import HOT_ROUTES, Forwarder, Receive, Scope, Send, send_error
 from proxy.settings import Settings
 
 log = logging.getLogger("fleet_proxy")
@@ -37,8 +38,14 @@ class FleetProxyApp:
         self.forwarder = Forwarder(core)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in HOT_ROUTES:
-            await self.forwarder(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] in HOT_ROUTES:
+            if scope["method"] == "POST":
+                await self.forwarder(scope, receive, send)
+            else:
+                error = ProxyError(
+                    405, f"{scope['path']} takes POST", code=405, headers=[(b"allow", b"POST")]
+                )
+                await send_error(send, error, "")
             return
         await self.control(scope, receive, send)
 

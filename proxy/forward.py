@@ -143,11 +143,11 @@ class Forwarder:
             status = await self._serve(scope, receive, send, ctx, body, upstream, arrived)
         except ProxyError as e:
             status = e.status
-            await _send_error(send, e, request_id)
+            await send_error(send, e, request_id)
         except Exception:
             # Never a traceback to the client; the log keeps it.
             log.exception("request %s failed inside the proxy", request_id)
-            await _send_error(
+            await send_error(
                 send,
                 ProxyError(500, "internal proxy error", type="internal_error"),
                 request_id,
@@ -463,7 +463,7 @@ class Forwarder:
             load.pending_prefill_tokens -= charge
             if decoding:
                 load.running_decodes -= 1
-            core.live.remove(ctx.request_id)
+            core.live.remove(live)
             if self._on_finish is not None:
                 self._on_finish(ctx, decision)
 
@@ -509,12 +509,12 @@ def _receipt(decision: Decision) -> bytes:
     )
 
 
-async def _send_error(send: Send, error: ProxyError, request_id: str) -> None:
+async def send_error(send: Send, error: ProxyError, request_id: str) -> None:
     body = error.body()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode("latin-1")),
+        *([(b"x-request-id", request_id.encode("latin-1"))] if request_id else []),
         *error.headers,
     ]
     try:

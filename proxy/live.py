@@ -33,23 +33,25 @@ class LiveRequest:
 
 
 class LiveTable:
+    """Keyed by the entry itself: clients may reuse an x-request-id, entries must not collide."""
+
     def __init__(self) -> None:
-        self._requests: dict[str, LiveRequest] = {}
+        self._requests: dict[LiveRequest, None] = {}
 
     def add(self, req: LiveRequest) -> None:
-        self._requests[req.request_id] = req
+        self._requests[req] = None
 
-    def remove(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+    def remove(self, req: LiveRequest) -> None:
+        self._requests.pop(req, None)
 
-    def get(self, request_id: str) -> LiveRequest | None:
-        return self._requests.get(request_id)
+    def find(self, request_id: str) -> list[LiveRequest]:
+        return [r for r in self._requests if r.request_id == request_id]
 
     def __iter__(self) -> Iterator[LiveRequest]:
-        return iter(list(self._requests.values()))
+        return iter(list(self._requests))
 
     def __len__(self) -> int:
         return len(self._requests)
 
     def on_backend(self, backend_id: str) -> list[LiveRequest]:
-        return [r for r in self._requests.values() if r.backend_id == backend_id]
+        return [r for r in self._requests if r.backend_id == backend_id]

@@ -239,3 +239,36 @@ async def test_official_openai_sdk_is_a_drop_in(backend):
         with pytest.raises(openai.NotFoundError):
             await client.completions.create(model="missing", prompt="hi")
         await client.close()
+
+
+async def test_wrong_method_on_an_openai_endpoint_is_405(backend):
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        r = await c.get("/v1/completions")
+        assert r.status_code == 405
+        assert r.headers["allow"] == "POST"
+        assert r.json()["error"]["message"] == "/v1/completions takes POST"
+
+
+async def test_reused_request_ids_do_not_collide_in_the_live_table(backend):
+    backend.behaviour = Behaviour(chunks=2, first_byte_delay=0.3)
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, app),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        body = {"model": "fake-model", "prompt": "x"}
+        first = asyncio.create_task(
+            c.post("/v1/completions", json=body, headers={"x-request-id": "same"})
+        )
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(
+            c.post("/v1/completions", json=body, headers={"x-request-id": "same"})
+        )
+        await asyncio.sleep(0.1)
+        assert len(app.core.live.find("same")) == 2
+        await first
+        assert len(app.core.live.find("same")) == 1
+        await second
+        assert len(app.core.live) == 0
