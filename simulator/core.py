@@ -174,6 +174,7 @@ class EngineCore:
         chunks: list[tuple[SimRequest, int]] = []
         preempted = False
         new_tokens = context_tokens = n_prefill = n_decode = 0
+        pairs = 0.0  # attention (query, key) pairs this step computes
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -191,6 +192,7 @@ class EngineCore:
                 budget -= n
                 new_tokens += n
                 context_tokens += computed
+                pairs += n * (computed + n / 2)
                 if n == 1 and req.output_ids:
                     n_decode += 1
                 else:
@@ -222,12 +224,14 @@ class EngineCore:
                 budget -= n
                 new_tokens += n
                 context_tokens += req.num_computed
+                pairs += n * (req.num_computed + n / 2)
                 n_prefill += 1
             self.waiting.extendleft(reversed(skipped))
 
         if not chunks:
             return None
-        duration = self.profile.step_time.duration(new_tokens, context_tokens) * self.slowdown
+        duration = self.profile.step_time.duration(
+            new_tokens, context_tokens, pairs) * self.slowdown
         step = Step(chunks, duration, new_tokens, context_tokens, n_prefill, n_decode, now)
         self.counters.steps += 1
         self.listener.on_step(step)

@@ -18,6 +18,7 @@ from prometheus_client import (
 )
 
 from simulator.core import CoreListener, EngineCore, Step
+from simulator.fast_histogram import FastHistogram
 from simulator.profiles import Profile
 from simulator.request import SimRequest
 
@@ -145,8 +146,9 @@ class SimMetrics(CoreListener):
                                    tok_buckets).labels(*lv)
         self.ttft = hist("vllm:time_to_first_token_seconds",
                          "Histogram of time to first token in seconds.", TTFT_BUCKETS).labels(*lv)
-        self.itl = hist("vllm:inter_token_latency_seconds",
-                        "Histogram of inter-token latency in seconds.", ITL_BUCKETS).labels(*lv)
+        self.itl = FastHistogram("vllm:inter_token_latency_seconds",
+                                 "Histogram of inter-token latency in seconds.", names, lv,
+                                 ITL_BUCKETS, r)  # observed once per token
         self.tpot = hist("vllm:request_time_per_output_token_seconds",
                          "Histogram of time_per_output_token_seconds per request.",
                          ITL_BUCKETS).labels(*lv)

@@ -2,8 +2,9 @@
 
 A step's duration follows a simple roofline: a fixed overhead, plus the larger of reading the
 weights once and computing every token scheduled in the step, plus reading the KV of every
-token already in context. The shipped profiles live in `simulator/profiles/*.yaml`, each
-citing where its figures come from.
+token already in context, plus the attention over every (query, key) pair the step computes.
+The shipped profiles live in `simulator/profiles/*.yaml`, each citing where its figures come
+from.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ class StepTime:
     weight_read_s: float
     per_token_compute_s: float
     per_context_token_s: float
+    per_attention_pair_s: float = 0.0
 
-    def duration(self, new_tokens: int, context_tokens: int) -> float:
+    def duration(self, new_tokens: int, context_tokens: int,
+                 attention_pairs: float = 0.0) -> float:
         """Seconds for one engine step computing `new_tokens` (prefill chunks + one per decode)
-        over `context_tokens` already-cached tokens of the scheduled requests."""
+        over `context_tokens` already-cached tokens of the scheduled requests, with
+        `attention_pairs` (query, key) pairs of attention: sum of n * (cached + n / 2)."""
         compute = max(self.weight_read_s, new_tokens * self.per_token_compute_s)
-        return self.base_s + compute + context_tokens * self.per_context_token_s
+        return (self.base_s + compute + context_tokens * self.per_context_token_s
+                + attention_pairs * self.per_attention_pair_s)
 
 
 @dataclass(frozen=True, slots=True)

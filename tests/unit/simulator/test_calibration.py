@@ -50,7 +50,7 @@ def test_cpu_tiny_matches_the_real_engine_where_its_runs_agree(tokenizer: Tokeni
             misses.append(f"{metric} prompt={prompt} cached={cached}: sim {got:.4f} real {median:.4f}")
     assert not misses, misses
     # Enough points to mean something: short and long prompts, and a prefix hit.
-    assert compared["ttft_s"] >= 3 and compared["tpot_s"] >= 2, compared
+    assert compared["ttft_s"] >= 3 and compared["tpot_s"] >= 3, compared
 
 
 def test_prediction_grows_with_prompt_and_shrinks_with_cache(tokenizer: Tokenizer) -> None:
