@@ -12,16 +12,10 @@ PROMPT=${PROMPT:-"Write one sentence about routers."}
 MAX_TOKENS=${MAX_TOKENS:-32}
 MAX_TIME=${MAX_TIME:-120}
 API=${API:-chat}
+HERE=$(cd "$(dirname "$0")" && pwd)
 
-if [ "$API" = completions ]; then
-  path=/v1/completions
-  body=$(printf '{"model":"%s","prompt":"%s","max_tokens":%d,"stream":true}' \
-    "$MODEL" "$PROMPT" "$MAX_TOKENS")
-else
-  path=/v1/chat/completions
-  body=$(printf '{"model":"%s","messages":[{"role":"user","content":"%s"}],"max_tokens":%d,"stream":true}' \
-    "$MODEL" "$PROMPT" "$MAX_TOKENS")
-fi
+# shellcheck source=request.sh
+. "$HERE/request.sh"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 

@@ -14,15 +14,8 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 API=${API:-chat}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
-if [ "$API" = completions ]; then
-  path=/v1/completions
-  body=$(printf '{"model":"%s","prompt":"%s","max_tokens":%d,"stream":true}' \
-    "$MODEL" "$PROMPT" "$MAX_TOKENS")
-else
-  path=/v1/chat/completions
-  body=$(printf '{"model":"%s","messages":[{"role":"user","content":"%s"}],"max_tokens":%d,"stream":true}' \
-    "$MODEL" "$PROMPT" "$MAX_TOKENS")
-fi
+# shellcheck source=request.sh
+. "$HERE/request.sh"
 
 # -N: no buffering, so the stream arrives as it is produced; -D-: show the headers
 # (x-fleet-backend tells which backend served it).

@@ -9,8 +9,10 @@ BASE_URL=${1:-http://127.0.0.1:8000}
 MODEL=${2:-${MODEL:-default}}
 PROMPT=${PROMPT:-"Write one sentence about routers."}
 MAX_TOKENS=${MAX_TOKENS:-64}
-body=$(printf '{"model":"%s","messages":[{"role":"user","content":"%s"}],"max_tokens":%d,"stream":true}' \
-  "$MODEL" "$PROMPT" "$MAX_TOKENS")
+HERE=$(cd "$(dirname "$0")" && pwd)
+API=${API:-chat}
+# shellcheck source=request.sh
+. "$HERE/request.sh"
 
 start=$(date +%s%N)
 first=""
@@ -23,7 +25,7 @@ while IFS= read -r line; do
       [ -n "$first" ] || first=$(date +%s%N) ;;
   esac
 done < <(curl -sS -N -H 'content-type: application/json' -d "$body" \
-  "$BASE_URL/v1/chat/completions")
+  "$BASE_URL$path")
 end=$(date +%s%N)
 [ -n "$first" ] || { echo "no content received" >&2; exit 1; }
 echo "TTFT $(( (first - start) / 1000000 )) ms, E2E $(( (end - start) / 1000000 )) ms, $chunks content chunks"
