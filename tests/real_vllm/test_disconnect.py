@@ -30,11 +30,12 @@ def test_disconnect_mid_stream_frees_the_engine(proxy: Proxy, tier: Tier, endpoi
     engine = tier.by_backend_id(resp.headers["x-fleet-backend"])
     finished_before = engine_metric(engine.url, "vllm:request_success_total")
     generated_before = engine_metric(engine.url, "vllm:generation_tokens_total")
-    chunks = 0
-    for line in resp.iter_lines():
-        chunks += line.startswith("data: ")
-        if chunks >= 5:
-            break
+    # Keep the iterator referenced: a discarded httpx line iterator closes the connection,
+    # which would be the disconnect itself, too early.
+    lines = resp.iter_lines()
+    data_lines = (line for line in lines if line.startswith("data: "))
+    for _ in range(5):
+        next(data_lines)
     # The engine's gauges follow its steps; on a loaded machine they may trail the chunks.
     assert wait_until(
         lambda: engine_metric(engine.url, "vllm:num_requests_running") == 1, timeout=10.0
