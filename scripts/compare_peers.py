@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -56,25 +57,12 @@ DEFAULT_SETTINGS = (
 )
 # Agent programs: a long per-program context reused by every call, so where a call lands
 # decides whether its prefix is cached; closed loop so the fleet stays busy.
-DEFAULT_BENCH_ARGS = (
-    "--workload",
-    "agent",
-    "--sessions",
-    "16",
-    "--calls",
-    "4-8",
-    "--context-tokens",
-    "3000",
-    "--user-tokens",
-    "64-256",
-    "--output-tokens",
-    "16-64",
-    "--concurrency",
-    "12",
-    "--slo",
-    "ttft:1000",
-    "tpot:100",
+# --timeout: a stalled router costs a minute per request, not the bench's default five.
+DEFAULT_BENCH_LINE = (
+    "--workload agent --sessions 16 --calls 4-8 --context-tokens 3000 --user-tokens 64-256 "
+    "--output-tokens 16-64 --concurrency 12 --slo ttft:1000 tpot:100 --timeout 60"
 )
+DEFAULT_BENCH_ARGS = tuple(shlex.split(DEFAULT_BENCH_LINE))
 SIM_MAIN = "import sys; from simulator.cli import main; sys.exit(main(sys.argv[1:]))"
 PROXY_MAIN = "import sys; from proxy.cli import main; sys.exit(main(sys.argv[1:]))"
 
