@@ -23,26 +23,34 @@ from policies.plugin_base import PluginBase
 
 
 def lmetric_argmin(req: SchedulingRequest, candidates: Sequence[Backend], start: int) -> Backend:
-    """The LMetric choice among non-empty `candidates`, ties going to the first from `start`."""
-    best: Backend | None = None
-    best_key: tuple[float, int, float] = (0.0, 0, 0.0)
+    """The LMetric choice among non-empty `candidates`, ties going to the first from `start`.
+
+    The key is (P_tokens x BS, uncached tokens, BS), compared lexicographically; written out
+    so that a candidate beaten on the product costs no tuple: this loop is most of a
+    decision at 64+ backends."""
+    best = candidates[0]
+    best_score = best_uncached = best_bs = -1.0
     explain = req.explain
     uncached_at = req.uncached_by_backend()
     all_uncached = req.ctx.prompt_tokens
     rotated = [*candidates[start:], *candidates[:start]] if start else candidates
     for b in rotated:
         uncached = uncached_at.get(b.spec.id, all_uncached)
-        p_tokens = b.load.pending_prefill_tokens + uncached
         bs = batch_size(b)
-        key = (p_tokens * bs, uncached, bs)
+        score = (b.load.pending_prefill_tokens + uncached) * bs
         if explain:
-            req.note(b.id, "p_tokens", p_tokens)
+            req.note(b.id, "p_tokens", b.load.pending_prefill_tokens + uncached)
             req.note(b.id, "bs", bs)
-            req.note(b.id, "lmetric", p_tokens * bs)
+            req.note(b.id, "lmetric", score)
             req.note(b.id, "uncached_tokens", uncached)
-        if best is None or key < best_key:
-            best, best_key = b, key
-    assert best is not None
+        if best_score >= 0.0:
+            if score > best_score:
+                continue
+            if score == best_score and (
+                uncached > best_uncached or (uncached == best_uncached and bs >= best_bs)
+            ):
+                continue
+        best, best_score, best_uncached, best_bs = b, score, uncached, bs
     return best
 
 

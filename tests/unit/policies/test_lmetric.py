@@ -101,3 +101,35 @@ def test_decision_tells_the_proxy_what_the_target_must_prefill() -> None:
     again = policy.pick(ctx(text_blocks(20)), [a], 0.0)
     assert again.prefill_tokens == 64  # 16 of 20 blocks cached
     assert build_policy("round_robin").pick(ctx("x" * 40), [a], 0.0).prefill_tokens is None
+
+
+def test_argmin_matches_the_lexicographic_key_on_random_fleets() -> None:
+    import random
+
+    from policies.pickers.lmetric import lmetric_argmin
+    from policies.plugin import RoutingServices, SchedulingRequest
+
+    rng = random.Random(5)
+    for _ in range(300):
+        services = RoutingServices(64, 1000)
+        index = services.use_prefix_index()
+        n = rng.randint(1, 9)
+        bs = [
+            backend(
+                f"b{i}", in_flight=rng.choice([0, 0, 1, 2, 5]), pending=rng.choice([0, 0, 64, 128])
+            )
+            for i in range(n)
+        ]
+        text = text_blocks(rng.randint(0, 6))
+        for b in bs:
+            if rng.random() < 0.4:
+                index.record(b.id, index.hashes(text_blocks(rng.randint(0, 6)), "m"))
+        req = SchedulingRequest(ctx(text), 0.0, services)
+        start = rng.randrange(n)
+        rotated = bs[start:] + bs[:start]
+
+        def key(b: Any, req: SchedulingRequest = req) -> tuple[float, int, float]:
+            u = req.uncached_tokens(b.id)
+            return ((b.load.pending_prefill_tokens + u) * b.batch_size, u, b.batch_size)
+
+        assert lmetric_argmin(req, bs, start) is min(rotated, key=key)
