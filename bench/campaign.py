@@ -59,6 +59,7 @@ class RunResult:
     repeat: int
     records: list[RequestRecord]
     summary: dict[str, Any]
+    complete: bool = True  # False for a run cut short by Ctrl-C: kept, but never paired
 
 
 async def detect_model(base_url: str) -> str | None:
@@ -172,8 +173,10 @@ class Campaign:
         replay = Replay(
             replace(plan.options, base_url=setting.base_url), setting.name, k, on_record
         )
+        complete = False
         try:
             await replay.run(workload)
+            complete = True
         finally:
             cpu = time.process_time() - cpu0
             # Even when interrupted: summarize what this run collected.
@@ -187,7 +190,8 @@ class Campaign:
             if plan.backend_metrics:
                 summary["backend_metrics"] = summarize_snapshots(before, after)
                 self._save_snapshots(setting.name, k, before, after)
-            self.results.append(RunResult(setting.name, k, records, summary))
+            summary["complete"] = complete
+            self.results.append(RunResult(setting.name, k, records, summary, complete))
 
     def _backends(self) -> list[str]:
         return [backend_id(u) for u in self.plan.backend_metrics]
@@ -213,10 +217,11 @@ class Campaign:
         }
         comparisons: dict[str, Any] = {}
         names = [s.name for s in plan.settings]
-        if len(names) > 1 and names[0] in by_setting:
-            base_runs = by_setting[names[0]]
+        complete = {n: [r for r in runs if r.complete] for n, runs in by_setting.items()}
+        if len(names) > 1 and complete.get(names[0]):
+            base_runs = complete[names[0]]
             for other in names[1:]:
-                runs_b = by_setting.get(other, [])
+                runs_b = complete.get(other, [])
                 n = min(len(base_runs), len(runs_b))  # complete pairs only
                 if n:
                     comparisons[other] = compare_settings(

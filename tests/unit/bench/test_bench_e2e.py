@@ -91,6 +91,7 @@ def test_paired_chat_run_writes_the_whole_bundle(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is False
     assert set(summary["settings"]) == {"A", "B"} and len(summary["runs"]) == 4
+    assert all(r["complete"] for r in summary["runs"])
     run0 = summary["runs"][0]
     assert run0["slo"]["attainment"] == 1.0 and run0["completed"] == 12
     # Turns 2 and 3 of each chat resend the earlier turns: the backend saw prefix hits.
@@ -215,5 +216,6 @@ async def test_interrupted_campaign_writes_what_it_collected(tmp_path: Path) -> 
     assert summary["interrupted"] is True
     records = read_jsonl(tmp_path / "metrics.jsonl")
     assert len(records) == 3 and all(r["error"] == "cancelled" for r in records)
-    assert json.loads((tmp_path / "summary.json").read_text())["runs"][0]["errors"] == 3
+    run = json.loads((tmp_path / "summary.json").read_text())["runs"][0]
+    assert run["errors"] == 3 and run["complete"] is False
     assert "Interrupted" in (tmp_path / "report.md").read_text()
