@@ -35,6 +35,8 @@ class FakeState:
     generation_tokens: int = 0
     requests: int = 0
     blocks: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    keep_prompts: bool = False  # tests: remember every prompt text received
+    prompts: list[str] = field(default_factory=list)
     ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def account_prompt(self, text: str) -> int:
@@ -66,7 +68,10 @@ def make_app(state: FakeState) -> web.Application:
     async def generate(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         chat = request.path.endswith("/chat/completions")
-        prompt_tokens = state.account_prompt(_prompt_text(body))
+        text = _prompt_text(body)
+        if state.keep_prompts:
+            state.prompts.append(text)
+        prompt_tokens = state.account_prompt(text)
         n = int(body.get("max_tokens") or 16)
         state.requests += 1
         state.generation_tokens += n

@@ -11,7 +11,7 @@ import orjson
 from bench.campaign import Campaign, CampaignPlan, Setting
 from bench.cli import main
 from bench.fake_openai import FakeState, start
-from bench.runner import RunOptions
+from bench.runner import Replay, RunOptions
 from bench.synthetic import chat_sessions
 
 from .conftest import FakeServer
@@ -219,3 +219,28 @@ async def test_interrupted_campaign_writes_what_it_collected(tmp_path: Path) -> 
     run = json.loads((tmp_path / "summary.json").read_text())["runs"][0]
     assert run["errors"] == 3 and run["complete"] is False
     assert "Interrupted" in (tmp_path / "report.md").read_text()
+
+
+async def test_history_modes_resend_the_dataset_or_the_served_reply(tmp_path: Path) -> None:
+    state = FakeState("h", keep_prompts=True)
+    runner, port = await start(state)
+    try:
+        workload = chat_sessions(
+            sessions=1, turns=(2, 2), system_tokens=0, user_tokens=(8, 8), output_tokens=(3, 3)
+        )
+        turn0 = workload.sessions[0].turns[0]
+        for history in ("dataset", "actual"):
+            state.prompts.clear()
+            opts = RunOptions(
+                base_url=f"http://127.0.0.1:{port}",
+                model="fake",
+                mode="closed",
+                concurrency=1,
+                history=history,
+            )
+            await Replay(opts, history, 0, lambda r: None).run(workload)
+            second = state.prompts[1]
+            reply = turn0.reply if history == "dataset" else "tok " * 3  # what the fake served
+            assert second.startswith(turn0.user + reply)
+    finally:
+        await runner.cleanup()
