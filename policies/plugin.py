@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from fleet.prefix import PrefixIndex, PrefixMatch
 from fleet.types import Backend
 from policies.base import Decision, RequestContext
 
-_NO_MATCH = PrefixMatch(0, {}, 1)
+_NO_MATCH = PrefixMatch(0, MappingProxyType({}), 1)  # read-only: shared by every request
 
 # (extension point, plugin type, plugin name, seconds) -> None: plugin latency sink.
 PluginTimer = Callable[[str, str, str, float], None]
