@@ -112,3 +112,19 @@ def test_session_hasher_is_bounded() -> None:
     assert hasher.resumed == 0
     hasher.hashes(text_blocks(4), "m", "c")
     assert hasher.resumed == 1
+
+
+def test_the_scheduler_sizes_each_backend_from_its_cache_config() -> None:
+    from fleet.types import EngineMetrics
+    from policies.registry import build_policy
+    from tests.unit.policies.builders import backend, ctx
+
+    policy = build_policy("lmetric")
+    # 16-token blocks x 3 GPU blocks = 48 tokens = 192 characters = 3 index blocks of 64.
+    small = backend("small", scraped=EngineMetrics(block_size=16, num_gpu_blocks=3))
+    policy.pick(ctx(text_blocks(10)), [small], 0.0)
+    index = policy.services.prefix_index
+    assert index is not None
+    assert index.capacity("small") == 3 and index.backend_blocks("small") == 3
+    # The prompt's head survives, its tail was evicted.
+    assert index.match(index.hashes(text_blocks(10), "m")).blocks("small") == 3
