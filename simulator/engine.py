@@ -1,9 +1,10 @@
 """One simulated engine: the core's step loop on an engine clock, request entry and exit,
 and the decode side of P/D KV transfers.
 
-The loop plans a step, waits until the engine clock reaches its end, then applies it. When the
-process is too busy to wake on time, steps end late; `lag_fraction()` says how much later than
-planned, which is how far the engine clock fell behind real time.
+The loop plans a step, waits until real time reaches its end on the engine clock, then applies
+it with that end as its timestamp. Steps are paced against the engine clock, so a late wake-up
+is made up by the next sleep; only a process that cannot keep up falls behind, and
+`lag_fraction()` says by how much (1 - engine seconds / real seconds while busy).
 """
 
 from __future__ import annotations
@@ -52,9 +53,15 @@ class Engine:
         self._ids = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._pulls: set[asyncio.Task[None]] = set()
-        # Engine seconds the steps were planned to take, and took.
+        # Engine seconds the engine clock advanced while busy, and the real (scaled) seconds
+        # that took: equal when the process keeps up.
         self.planned_busy = 0.0
         self.actual_busy = 0.0
+        self.step_seconds = 0.0  # engine seconds spent in steps
+        self._virtual: float | None = None
+        self._real_mark: float | None = None  # real time the busy accounting has reached
+        # How far the engine clock may trail real time and still catch up (50 ms real).
+        self._max_behind = 0.05 * time.speed
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -88,7 +95,7 @@ class Engine:
     ) -> SimRequest:
         if request_id in self.core.requests:  # a repeated X-Request-Id: keep ids unique
             request_id = f"{request_id}-{next(self._ids)}"
-        now = self.time.now()
+        now = self.time.now()  # arrivals are stamped in real (scaled) time
         return SimRequest(
             request_id=request_id,
             prompt_ids=prompt_ids,
@@ -149,12 +156,24 @@ class Engine:
         return req
 
     # ---- the step loop ----------------------------------------------------------------------
+    def now(self) -> float:
+        """The engine clock: the end of the last step while busy, the scaled real clock when
+        idle. Behind real time only when the process could not keep up."""
+        return self._virtual if self._virtual is not None else self.time.now()
+
     async def _run(self) -> None:
         while True:
-            await self.faults.unhung.wait()
+            await self._wait_unhung()
             core = self.core
             core.slowdown = self.faults.settings.slowdown
-            now = self.time.now()
+            real = self.time.now()
+            if self._virtual is None:  # a busy period begins
+                self._virtual = self._real_mark = real
+            elif real - self._virtual > self._max_behind:
+                # Too far behind to catch up (a starved process): carry on from now; the
+                # skipped time shows in the lag.
+                self._virtual = real
+            now = self._virtual
             if core.held:
                 core.expire_held(now)
             step = core.schedule(now)
@@ -162,20 +181,36 @@ class Engine:
                 ready_at = core.next_ready_at(now)
                 if ready_at is not None:  # a request is still in the API server
                     await self.time.sleep_until(ready_at)
+                    self._advance(ready_at - now)
                     continue
+                self._virtual = None
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), _IDLE_WAKE_S)
                 continue
-            await self.time.sleep_until(now + step.duration)
-            end = self.time.now()
-            self.planned_busy += step.duration
-            self.actual_busy += end - now
-            if not self.faults.unhung.is_set():  # a hang that began mid-step holds its result
-                await self.faults.unhung.wait()
-                end = self.time.now()
+            # Steps follow each other on the engine clock, not from whenever the process woke
+            # up: a late wake-up shortens the next sleep instead of stretching the timeline.
+            end = now + step.duration
+            self.step_seconds += step.duration
+            await self.time.sleep_until(end)
+            self._advance(step.duration)
+            await self._wait_unhung()  # a hang that began mid-step holds its result
             if core is self.core:  # not reset (crash) while the step ran
                 core.finish_step(step, end)
+
+    async def _wait_unhung(self) -> None:
+        if not self.faults.unhung.is_set():
+            await self.faults.unhung.wait()
+            self._virtual = self._real_mark = None  # resume on real time; a hang is no lag
+
+    def _advance(self, sim_seconds: float) -> None:
+        """Account `sim_seconds` of engine time against the real time that passed."""
+        assert self._virtual is not None and self._real_mark is not None
+        self._virtual += sim_seconds
+        real = self.time.now()
+        self.planned_busy += sim_seconds
+        self.actual_busy += max(real - self._real_mark, 0.0)
+        self._real_mark = real
 
     def lag_fraction(self) -> float:
         """How much longer steps took than planned, as a fraction of the time they took."""

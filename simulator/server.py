@@ -285,7 +285,8 @@ class EngineServer:
             "generation_tokens": c.generation_tokens,
             "finished": c.finished, "lag_fraction": self.engine.lag_fraction(),
             "planned_busy_s": self.engine.planned_busy, "actual_busy_s": self.engine.actual_busy,
-            "engine_time": self.engine.time.now(), "faults": self.engine.faults.settings.to_json(),
+            "engine_time": self.engine.now(), "real_time": self.engine.time.now(),
+            "faults": self.engine.faults.settings.to_json(),
         })
 
     async def _kv_pull(self, request: web.Request) -> web.Response:

@@ -31,8 +31,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-async def post_json(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                    **kw: Any) -> tuple[int, Any]:
+async def post_json(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], **kw: Any
+) -> tuple[int, Any]:
     async with http.post(url, json=body, **kw) as r:
         return r.status, await r.json(content_type=None)
 

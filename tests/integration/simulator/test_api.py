@@ -10,31 +10,49 @@ MODEL = "sim-llama-8b"
 
 
 async def test_completion_with_token_ids_and_usage(fleet: SimFleet, http: aiohttp.ClientSession):
-    status, body = await post_json(http, fleet.urls[0] + "/v1/completions", {
-        "model": MODEL, "prompt": "The capital of France is", "max_tokens": 12,
-        "ignore_eos": True, "return_token_ids": True})
+    status, body = await post_json(
+        http,
+        fleet.urls[0] + "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "The capital of France is",
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert status == 200
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     choice = body["choices"][0]
     assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 12
-    assert body["usage"] == {"prompt_tokens": len(choice["prompt_token_ids"]),
-                             "completion_tokens": 12,
-                             "total_tokens": len(choice["prompt_token_ids"]) + 12,
-                             "prompt_tokens_details": None, "completion_tokens_details": None}
-    status, detok = await post_json(http, fleet.urls[0] + "/detokenize",
-                                    {"tokens": choice["token_ids"]})
+    assert body["usage"] == {
+        "prompt_tokens": len(choice["prompt_token_ids"]),
+        "completion_tokens": 12,
+        "total_tokens": len(choice["prompt_token_ids"]) + 12,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+    status, detok = await post_json(
+        http, fleet.urls[0] + "/detokenize", {"tokens": choice["token_ids"]}
+    )
     assert detok["prompt"] == choice["text"]
 
 
 async def test_streamed_chat_equals_unstreamed_and_ends_with_usage(
     fleet: SimFleet, http: aiohttp.ClientSession
 ):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story"}],
-            "max_tokens": 20, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 20,
+        "ignore_eos": True,
+    }
     status, full = await post_json(http, fleet.urls[0] + "/v1/chat/completions", body)
     assert status == 200 and full["object"] == "chat.completion"
-    async with http.post(fleet.urls[1] + "/v1/chat/completions", json={
-        **body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    async with http.post(
+        fleet.urls[1] + "/v1/chat/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         chunks, done = await read_sse(r)
     assert done
@@ -52,9 +70,16 @@ async def test_stream_flushes_early_and_disconnect_frees_blocks(
 ):
     server = fleet.engines[0]
     core = server.engine.core
-    resp = await http.post(server.url + "/v1/completions", json={
-        "model": MODEL, "prompt": "word " * 200, "max_tokens": 2000, "ignore_eos": True,
-        "stream": True})
+    resp = await http.post(
+        server.url + "/v1/completions",
+        json={
+            "model": MODEL,
+            "prompt": "word " * 200,
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
     got = 0
     async for raw in resp.content:
         if raw.startswith(b"data: "):
@@ -71,12 +96,21 @@ async def test_stream_flushes_early_and_disconnect_frees_blocks(
 
 async def test_abort_endpoint_ends_the_stream(fleet: SimFleet, http: aiohttp.ClientSession):
     url = fleet.urls[0]
-    async with http.post(url + "/v1/completions", headers={"X-Request-Id": "req-77"}, json={
-        "model": MODEL, "prompt": "hello", "max_tokens": 5000, "ignore_eos": True,
-        "stream": True}) as r:
+    async with http.post(
+        url + "/v1/completions",
+        headers={"X-Request-Id": "req-77"},
+        json={
+            "model": MODEL,
+            "prompt": "hello",
+            "max_tokens": 5000,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    ) as r:
         await r.content.readline()
-        status, body = await post_json(http, url + "/inference/v1/abort_requests",
-                                       {"request_ids": ["req-77"]})
+        status, body = await post_json(
+            http, url + "/inference/v1/abort_requests", {"request_ids": ["req-77"]}
+        )
         assert status == 200 and body["aborted"] == ["req-77"]
         chunks, done = await read_sse(r)
     assert done and chunks[-1]["choices"][0]["finish_reason"] == "abort"
@@ -96,8 +130,9 @@ async def test_side_endpoints(fleet: SimFleet, http: aiohttp.ClientSession):
         assert await r.json() == {"server_load": 0}
     status, tok = await post_json(http, url + "/tokenize", {"prompt": "hello world"})
     assert status == 200 and tok["count"] == len(tok["tokens"]) and tok["tokens"][0] == 1
-    status, chat_tok = await post_json(http, url + "/tokenize", {
-        "messages": [{"role": "user", "content": "hello world"}]})
+    status, chat_tok = await post_json(
+        http, url + "/tokenize", {"messages": [{"role": "user", "content": "hello world"}]}
+    )
     assert status == 200 and chat_tok["count"] > tok["count"]
 
 
@@ -115,13 +150,20 @@ async def test_metrics_follow_traffic(fleet: SimFleet, http: aiohttp.ClientSessi
     url = fleet.urls[1]
     prompt = "shared system prompt " * 40
     for _ in range(2):
-        status, _ = await post_json(http, url + "/v1/completions", {
-            "model": MODEL, "prompt": prompt, "max_tokens": 4, "ignore_eos": True})
+        status, _ = await post_json(
+            http,
+            url + "/v1/completions",
+            {"model": MODEL, "prompt": prompt, "max_tokens": 4, "ignore_eos": True},
+        )
         assert status == 200
     async with http.get(url + "/metrics") as r:
         page = await r.text()
-    values = {s.name: s.value for f in text_string_to_metric_families(page) for s in f.samples
-              if not s.labels.get("le")}
+    values = {
+        s.name: s.value
+        for f in text_string_to_metric_families(page)
+        for s in f.samples
+        if not s.labels.get("le")
+    }
     assert values["vllm:generation_tokens_total"] == 8
     assert values["vllm:prefix_cache_hits_total"] > 0  # the second request reused the first's
     assert values["vllm:time_to_first_token_seconds_count"] == 2

@@ -15,14 +15,32 @@ LAUNCH = "import sys; from simulator.cli import main; sys.exit(main(sys.argv[1:]
 
 async def test_cli_serves_engines_until_sigterm(http: aiohttp.ClientSession):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", LAUNCH, "--engines", "2", "--base-port", "0", "--speed", "10",
-        "--profile", "cpu-tiny", "--model", "tiny-sim", "--fault-engines", "1",
-        "--fault-error-rate", "1.0",
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "--engines",
+        "2",
+        "--base-port",
+        "0",
+        "--speed",
+        "10",
+        "--profile",
+        "cpu-tiny",
+        "--model",
+        "tiny-sim",
+        "--fault-engines",
+        "1",
+        "--fault-error-rate",
+        "1.0",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
-        urls = [(await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
-                for _ in range(2)]
+        urls = [
+            (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip() for _ in range(2)
+        ]
         assert all(u.startswith("http://127.0.0.1:") for u in urls) and urls[0] != urls[1]
         body = {"model": "tiny-sim", "prompt": "hi", "max_tokens": 3}
         status, ok = await post_json(http, urls[0] + "/v1/completions", body)

@@ -16,15 +16,31 @@ async def test_completion_continues_on_another_engine(
     fleet: SimFleet, http: aiohttp.ClientSession, k: int
 ):
     a, b = fleet.urls
-    _, full = await post_json(http, a + "/v1/completions", {
-        "model": MODEL, "prompt": "Once upon a time in a quiet village", "max_tokens": N,
-        "ignore_eos": True, "return_token_ids": True})
+    _, full = await post_json(
+        http,
+        a + "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "Once upon a time in a quiet village",
+            "max_tokens": N,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     choice = full["choices"][0]
     prompt_ids, out = choice["prompt_token_ids"], choice["token_ids"]
     assert len(out) == N
-    _, rest = await post_json(http, b + "/v1/completions", {
-        "model": MODEL, "prompt": prompt_ids + out[:k], "max_tokens": N - k,
-        "ignore_eos": True, "return_token_ids": True})
+    _, rest = await post_json(
+        http,
+        b + "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": prompt_ids + out[:k],
+            "max_tokens": N - k,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert rest["choices"][0]["token_ids"] == out[k:]
 
 
@@ -33,14 +49,32 @@ async def test_chat_continues_as_token_id_completion(
     fleet: SimFleet, http: aiohttp.ClientSession, k: int
 ):
     a, b = fleet.urls
-    _, chat = await post_json(http, a + "/v1/chat/completions", {
-        "model": MODEL, "messages": [{"role": "system", "content": "Be brief."},
-                                     {"role": "user", "content": "Name three rivers."}],
-        "max_tokens": N, "ignore_eos": True, "return_token_ids": True})
+    _, chat = await post_json(
+        http,
+        a + "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Name three rivers."},
+            ],
+            "max_tokens": N,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     out = chat["choices"][0]["token_ids"]
-    _, rest = await post_json(http, b + "/v1/completions", {
-        "model": MODEL, "prompt": chat["prompt_token_ids"] + out[:k], "max_tokens": N - k,
-        "ignore_eos": True, "return_token_ids": True})
+    _, rest = await post_json(
+        http,
+        b + "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": chat["prompt_token_ids"] + out[:k],
+            "max_tokens": N - k,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert rest["choices"][0]["token_ids"] == out[k:]
 
 
@@ -48,8 +82,12 @@ async def test_streamed_token_ids_match_and_eos_ends_naturally(
     fleet: SimFleet, http: aiohttp.ClientSession
 ):
     a, b = fleet.urls
-    body = {"model": MODEL, "prompt": "Counting sheep", "max_tokens": 2000,
-            "return_token_ids": True}
+    body = {
+        "model": MODEL,
+        "prompt": "Counting sheep",
+        "max_tokens": 2000,
+        "return_token_ids": True,
+    }
     _, first = await post_json(http, a + "/v1/completions", body)
     _, second = await post_json(http, b + "/v1/completions", body)
     c1, c2 = first["choices"][0], second["choices"][0]

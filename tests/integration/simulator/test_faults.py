@@ -51,11 +51,13 @@ async def test_crash_by_admin_cuts_streams_and_recovers_by_itself(
     fleet: SimFleet, http: aiohttp.ClientSession
 ):
     url = fleet.urls[0]
-    async with http.post(url + "/v1/completions",
-                         json={**LONG, "max_tokens": 5000, "stream": True}) as r:
+    async with http.post(
+        url + "/v1/completions", json={**LONG, "max_tokens": 5000, "stream": True}
+    ) as r:
         await r.content.readline()
-        status, _ = await post_json(http, url + "/_sim/faults",
-                                    {"crash": True, "recover_after_s": 0.3})
+        status, _ = await post_json(
+            http, url + "/_sim/faults", {"crash": True, "recover_after_s": 0.3}
+        )
         assert status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await read_sse(r)
@@ -84,7 +86,7 @@ async def test_slowdown_multiplies_step_time(fleet: SimFleet, http: aiohttp.Clie
     for server in (normal, slow):
         status, _ = await post_json(http, server.url + "/v1/completions", LONG)
         assert status == 200
-    assert slow.engine.planned_busy == pytest.approx(4 * normal.engine.planned_busy)
+    assert slow.engine.step_seconds == pytest.approx(4 * normal.engine.step_seconds)
 
 
 async def test_die_after_tokens_cuts_the_stream_then_refuses(
@@ -92,8 +94,9 @@ async def test_die_after_tokens_cuts_the_stream_then_refuses(
 ):
     url = fleet.urls[0]
     await post_json(http, url + "/_sim/faults", {"die_after_tokens": 5})
-    async with http.post(url + "/v1/completions", json={**LONG, "stream": True,
-                                                         "return_token_ids": True}) as r:
+    async with http.post(
+        url + "/v1/completions", json={**LONG, "stream": True, "return_token_ids": True}
+    ) as r:
         tokens: list[int] = []
         with pytest.raises(aiohttp.ClientPayloadError):
             async for raw in r.content:
@@ -109,9 +112,15 @@ async def test_cut_stream_after_tokens_keeps_the_engine_up(
 ):
     server = fleet.engines[0]
     await post_json(http, server.url + "/_sim/faults", {"cut_stream_after_tokens": 3})
-    async with http.post(server.url + "/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
-        "stream": True}) as r:
+    async with http.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 50,
+            "stream": True,
+        },
+    ) as r:
         chunks: list[bytes] = []
         with pytest.raises(aiohttp.ClientPayloadError):
             async for raw in r.content:

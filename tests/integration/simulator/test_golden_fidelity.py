@@ -25,7 +25,8 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "vllm-0.32"
 NEEDED = ("manifest.json", "metrics.txt", "completion.json", "chat.json", "chat_stream.txt")
 MISSING = [name for name in NEEDED if not (GOLDEN / name).exists()]
 pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"golden captures missing in {GOLDEN}: {', '.join(MISSING)}")
+    bool(MISSING), reason=f"golden captures missing in {GOLDEN}: {', '.join(MISSING)}"
+)
 
 # Labels whose values are a fixed vocabulary the router may match on.
 ENUMERATED = ("reason", "finished_reason", "source", "sleep_state")
@@ -54,8 +55,12 @@ def stream_shapes(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     """The distinct kinds of chunk: opening, a middle one, the finishing one, usage."""
     with_choices = [c for c in chunks if c["choices"]]
     finishing = next(c for c in with_choices if c["choices"][0].get("finish_reason"))
-    return {"first": shape(chunks[0]), "second": shape(with_choices[1]),
-            "finishing": shape(finishing), "usage": shape(chunks[-1])}
+    return {
+        "first": shape(chunks[0]),
+        "second": shape(with_choices[1]),
+        "finishing": shape(finishing),
+        "usage": shape(chunks[-1]),
+    }
 
 
 def families(page: str) -> dict[str, tuple[str, set[str], dict[str, set[str]], list[str]]]:
@@ -85,15 +90,20 @@ def manifest() -> dict[str, Any]:
 async def test_replayed_requests_answer_with_the_same_shapes(
     tokenizer: Tokenizer, manifest: dict[str, Any]
 ) -> None:
-    async with await start_fleet(1, profile="cpu-tiny", model="tiny", speed=20,
-                                 tokenizer=tokenizer) as fleet, aiohttp.ClientSession() as http:
+    async with (
+        await start_fleet(
+            1, profile="cpu-tiny", model="tiny", speed=20, tokenizer=tokenizer
+        ) as fleet,
+        aiohttp.ClientSession() as http,
+    ):
         url = fleet.urls[0]
         replayed = 0
         for name, entry in manifest.items():
             if name == "metrics.txt" or not (GOLDEN / name).exists():
                 continue
-            async with http.request(entry["method"], url + entry["path"],
-                                    json=entry["request"]) as r:
+            async with http.request(
+                entry["method"], url + entry["path"], json=entry["request"]
+            ) as r:
                 assert r.status == entry["status"], name
                 want_type = entry["headers"]["content-type"]
                 assert r.headers["Content-Type"] == want_type, name

@@ -9,10 +9,21 @@ from simulator.tokenizer import Tokenizer
 from tests.integration.simulator.conftest import eventually, post_json
 
 MODEL = "sim-llama-8b"
-PREFILL_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-              "remote_block_ids": None, "remote_host": None, "remote_port": None}
-BODY = {"model": MODEL, "prompt": "A long shared document. " * 30, "max_tokens": 12,
-        "ignore_eos": True, "return_token_ids": True}
+PREFILL_KV = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+BODY = {
+    "model": MODEL,
+    "prompt": "A long shared document. " * 30,
+    "max_tokens": 12,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
 
 
 def _metric(page: str, name: str) -> float:
@@ -24,8 +35,9 @@ def _metric(page: str, name: str) -> float:
 
 
 async def _pd_fleet(tokenizer: Tokenizer) -> SimFleet:
-    return await start_fleet(3, tokenizer=tokenizer, speed=4.0,
-                             role=[Role.PREFILL, Role.DECODE, Role.BOTH])
+    return await start_fleet(
+        3, tokenizer=tokenizer, speed=4.0, role=[Role.PREFILL, Role.DECODE, Role.BOTH]
+    )
 
 
 async def test_two_step_transfer_gives_the_plain_output(
@@ -34,8 +46,12 @@ async def test_two_step_transfer_gives_the_plain_output(
     async with await _pd_fleet(tokenizer) as fleet:
         prefill, decode, plain = fleet.engines
         headers = {"X-Request-Id": "pd-1"}
-        status, first = await post_json(http, prefill.url + "/v1/completions", {
-            **BODY, "max_tokens": 1, "kv_transfer_params": PREFILL_KV}, headers=headers)
+        status, first = await post_json(
+            http,
+            prefill.url + "/v1/completions",
+            {**BODY, "max_tokens": 1, "kv_transfer_params": PREFILL_KV},
+            headers=headers,
+        )
         assert status == 200
         kv = first["kv_transfer_params"]
         assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
@@ -44,8 +60,12 @@ async def test_two_step_transfer_gives_the_plain_output(
         assert kv["remote_request_id"] == "cmpl-pd-1" and kv["remote_engine_id"]
         assert prefill.engine.core.held and prefill.engine.core.pool.usage() > 0
 
-        status, second = await post_json(http, decode.url + "/v1/completions",
-                                         {**BODY, "kv_transfer_params": kv}, headers=headers)
+        status, second = await post_json(
+            http,
+            decode.url + "/v1/completions",
+            {**BODY, "kv_transfer_params": kv},
+            headers=headers,
+        )
         assert status == 200
         _, reference = await post_json(http, plain.url + "/v1/completions", BODY)
         assert second["choices"][0]["token_ids"] == reference["choices"][0]["token_ids"]
@@ -66,8 +86,11 @@ async def test_unread_blocks_are_freed_after_the_timeout(
     async with await _pd_fleet(tokenizer) as fleet:
         prefill = fleet.engines[0]
         prefill.engine.core.hold_timeout_s = 0.2
-        status, first = await post_json(http, prefill.url + "/v1/completions", {
-            **BODY, "max_tokens": 1, "kv_transfer_params": PREFILL_KV})
+        status, first = await post_json(
+            http,
+            prefill.url + "/v1/completions",
+            {**BODY, "max_tokens": 1, "kv_transfer_params": PREFILL_KV},
+        )
         assert status == 200 and first["kv_transfer_params"]["remote_block_ids"]
         await eventually(lambda: not prefill.engine.core.held)
         assert prefill.engine.core.pool.usage() == 0.0
@@ -78,12 +101,16 @@ async def test_failed_pull_falls_back_to_local_prefill(
 ):
     async with await _pd_fleet(tokenizer) as fleet:
         prefill, decode, plain = fleet.engines
-        _, first = await post_json(http, prefill.url + "/v1/completions", {
-            **BODY, "max_tokens": 1, "kv_transfer_params": PREFILL_KV})
+        _, first = await post_json(
+            http,
+            prefill.url + "/v1/completions",
+            {**BODY, "max_tokens": 1, "kv_transfer_params": PREFILL_KV},
+        )
         kv = first["kv_transfer_params"]
         await prefill.crash()  # the blocks are gone with it
-        status, second = await post_json(http, decode.url + "/v1/completions",
-                                         {**BODY, "kv_transfer_params": kv})
+        status, second = await post_json(
+            http, decode.url + "/v1/completions", {**BODY, "kv_transfer_params": kv}
+        )
         assert status == 200
         _, reference = await post_json(http, plain.url + "/v1/completions", BODY)
         assert second["choices"][0]["token_ids"] == reference["choices"][0]["token_ids"]
