@@ -63,61 +63,56 @@ async def one_request(app: Any, body: bytes) -> int:
         "type": "http",
         "method": "POST",
         "path": "/v1/completions",
-        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())],
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
     }
     await app(scope, receive, send)
     return status
 
 
-async def run(args: argparse.Namespace) -> None:
-    ports = [free_port(), free_port()]
-    procs = [
-        subprocess.Popen([sys.executable, str(HERE / "fast_fake_vllm.py"), "--port", str(p)],
-                         stdout=subprocess.DEVNULL)
-        for p in ports
-    ]
-    try:
-        settings = load_settings({"backends": [f"http://127.0.0.1:{p}" for p in ports],
-                                  "policy": args.policy})
-        app = create_app(settings)
-        await app.core.start()
-        for _ in range(200):
-            if app.core.fleet.routable(app.core.clock.now()) and all(
-                b.spec.models for b in app.core.fleet
-            ):
-                break
-            await asyncio.sleep(0.05)
-        body = BODY % (b',"stream":true' if args.stream else b"")
-        await asyncio.gather(*(one_request(app.forwarder, body) for _ in range(200)))  # warm-up
-        profiler = cProfile.Profile() if args.profile else None
-        queue = iter(range(args.requests))
-        statuses: list[int] = []
+async def run(args: argparse.Namespace, ports: list[int]) -> None:
+    settings = load_settings(
+        {"backends": [f"http://127.0.0.1:{p}" for p in ports], "policy": args.policy}
+    )
+    app = create_app(settings)
+    await app.core.start()
+    for _ in range(200):
+        if app.core.fleet.routable(app.core.clock.now()) and all(
+            b.spec.models for b in app.core.fleet
+        ):
+            break
+        await asyncio.sleep(0.05)
+    body = BODY % (b',"stream":true' if args.stream else b"")
+    await asyncio.gather(*(one_request(app.forwarder, body) for _ in range(200)))  # warm-up
+    profiler = cProfile.Profile() if args.profile else None
+    queue = iter(range(args.requests))
+    statuses: list[int] = []
 
-        async def worker() -> None:
-            for _ in queue:
-                statuses.append(await one_request(app.forwarder, body))
+    async def worker() -> None:
+        for _ in queue:
+            statuses.append(await one_request(app.forwarder, body))
 
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        if profiler:
-            profiler.enable()
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        if profiler:
-            profiler.disable()
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-        await app.core.stop()
-        bad = sum(1 for s in statuses if s != 200)
-        kind = "streaming (64 events)" if args.stream else "non-streaming"
-        print(f"{args.requests} {kind} requests at concurrency {args.concurrency}, "
-              f"policy {args.policy}: {1e6 * cpu / args.requests:.0f} us CPU per request "
-              f"(proxy handler + aiohttp client + this driver), {args.requests / wall:.0f} req/s "
-              f"wall, {bad} non-200")
-        if profiler:
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if profiler:
+        profiler.enable()
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    if profiler:
+        profiler.disable()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    await app.core.stop()
+    bad = sum(1 for s in statuses if s != 200)
+    kind = "streaming (64 events)" if args.stream else "non-streaming"
+    print(
+        f"{args.requests} {kind} requests at concurrency {args.concurrency}, "
+        f"policy {args.policy}: {1e6 * cpu / args.requests:.0f} us CPU per request "
+        f"(proxy handler + aiohttp client + this driver), {args.requests / wall:.0f} req/s "
+        f"wall, {bad} non-200"
+    )
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
 
 
 def main() -> None:
@@ -131,7 +126,20 @@ def main() -> None:
     args = p.parse_args()
     import uvloop
 
-    uvloop.run(run(args))
+    ports = [free_port(), free_port()]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "fast_fake_vllm.py"), "--port", str(p)],
+            stdout=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    try:
+        uvloop.run(run(args, ports))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait()
 
 
 if __name__ == "__main__":
