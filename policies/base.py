@@ -32,6 +32,8 @@ class RequestContext:
     session_id: str | None = None
     program_id: str | None = None
     debug: bool = False
+    # The prompt came as token ids: prompt_tokens is exact, no counting needed.
+    prompt_is_token_ids: bool = False
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from fleet.clock import Clock, SystemClock
 from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
+from fleet.tokens import TokenCounter
 from policies.base import Policy
 from policies.registry import build_policy, build_routing
 from proxy.live import LiveTable
@@ -47,6 +48,7 @@ class ProxyCore:
         removed = getattr(self.policy, "on_backend_removed", None)
         if callable(removed):
             self.fleet.on_removed(removed)
+        self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self.session: aiohttp.ClientSession | None = None
         self.control: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -68,6 +70,13 @@ class ProxyCore:
         self.control = httpx.AsyncClient(
             timeout=s.scrape_timeout, limits=httpx.Limits(max_connections=256)
         )
+        self.tokens = TokenCounter(
+            s.token_counter,
+            chars_per_token=s.chars_per_token,
+            tokenizer_path=s.tokenizer_path,
+            client=self.control,
+            tokenize_url_for=self._tokenize_url,
+        )
         scraper = Scraper(
             self.fleet,
             self.control,
@@ -79,6 +88,11 @@ class ProxyCore:
             unhealthy_after=s.unhealthy_after,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
+
+    def _tokenize_url(self, model: str) -> str | None:
+        for b in self.fleet.candidates(model, self.clock.now()):
+            return b.url
+        return None
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -140,6 +140,9 @@ class Forwarder:
         try:
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
+            tokens = self.core.tokens
+            if tokens is not None and tokens.mode != "estimate" and not ctx.prompt_is_token_ids:
+                ctx.prompt_tokens = await tokens.count(ctx.prompt_text, ctx.model)
             status = await self._serve(scope, receive, send, ctx, body, upstream, arrived)
         except ProxyError as e:
             status = e.status
@@ -209,6 +212,7 @@ class Forwarder:
             session_id=session_id,
             program_id=headers.get("x-program-id") or session_id,
             debug=headers.get("x-fleet-debug") == "1",
+            prompt_is_token_ids=token_count is not None,
         )
 
     async def _serve(

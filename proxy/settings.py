@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -80,6 +88,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
     max_connections: int = Field(2048, ge=1)
     chars_per_token: float = Field(4.0, gt=0)
+    # Prompt token counting for routing (fleet/tokens.py): a character estimate, a local HF
+    # tokenizer.json (run in a worker thread), or the backends' own /tokenize.
+    token_counter: Literal["estimate", "hf", "remote"] = "estimate"
+    tokenizer_path: str | None = None
     # How a decision with a prefill backend is carried out (proxy/disagg.py).
     pd_mode: Literal["orchestrated", "header"] = "orchestrated"
     pd_prefill_timeout: float = Field(30.0, gt=0)
@@ -101,6 +113,12 @@ class Settings(BaseSettings):
         if v not in ("critical", "error", "warning", "info", "debug"):
             raise ValueError("log_level must be one of critical, error, warning, info, debug")
         return v
+
+    @model_validator(mode="after")
+    def _tokenizer_needs_path(self) -> Settings:
+        if self.token_counter == "hf" and not self.tokenizer_path:
+            raise ValueError("token_counter 'hf' needs tokenizer_path (a local tokenizer.json)")
+        return self
 
     def backend_specs(self) -> list[BackendSpec]:
         specs = [b.to_spec() for b in self.backends]

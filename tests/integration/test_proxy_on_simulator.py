@@ -157,3 +157,24 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
     # The simulator child is gone with the proxy: nothing answers on its port.
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{sim_port}/health", timeout=2)
+
+
+async def test_remote_token_counting_charges_the_backends_own_count(fleet: SimFleet) -> None:
+    settings = fast_settings(fleet.urls, token_counter="remote")
+    prompt = "Count these tokens exactly, please: routers, fleets and caches."
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
+        exact = (await c.post("/tokenize", json={"model": MODEL, "prompt": prompt})).json()["count"]
+        assert exact != len(prompt) // 4  # the estimate would be wrong here
+        seen: list[int] = []
+        original = app.core.policy.pick
+
+        def spy(ctx, candidates, now):  # type: ignore[no-untyped-def]
+            seen.append(ctx.prompt_tokens)
+            return original(ctx, candidates, now)
+
+        app.core.policy.pick = spy  # type: ignore[method-assign]
+        r = await c.post(
+            "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}
+        )
+        assert r.status_code == 200
+        assert seen == [exact]

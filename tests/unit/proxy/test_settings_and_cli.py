@@ -82,3 +82,8 @@ def test_serve_with_unknown_policy_lists_known_ones() -> None:
     )
     assert r.returncode == 2
     assert "unknown policy 'nope'" in r.stderr and "round_robin" in r.stderr
+
+
+def test_hf_token_counting_needs_a_tokenizer_path() -> None:
+    with pytest.raises(ConfigError, match="tokenizer_path"):
+        load_settings({"token_counter": "hf"})
