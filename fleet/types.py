@@ -107,9 +107,14 @@ class Backend:
 
     @property
     def batch_size(self) -> float:
-        """Running + waiting as best known: the larger of own accounting and the scrape."""
-        scraped = 0.0
-        if self.snapshot is not None:
-            m = self.snapshot.metrics
+        """Running + waiting as best known: the larger of own accounting and the scrape.
+
+        On every routing decision for every candidate: plain comparisons, no max()/float()."""
+        bs: float = self.load.in_flight
+        snap = self.snapshot
+        if snap is not None:
+            m = snap.metrics
             scraped = m.running + m.waiting
-        return max(float(self.load.in_flight), scraped)
+            if scraped > bs:
+                return scraped
+        return bs

@@ -12,15 +12,8 @@ from fleet.types import Backend
 
 
 def batch_size(b: Backend) -> float:
-    """Running + waiting requests: the same value as `Backend.batch_size`, cheaper."""
-    bs: float = b.load.in_flight
-    snap = b.snapshot
-    if snap is not None:
-        m = snap.metrics
-        scraped = m.running + m.waiting
-        if scraped > bs:
-            return scraped
-    return bs
+    """Running + waiting requests (`Backend.batch_size`)."""
+    return b.batch_size
 
 
 def queue_size(b: Backend) -> float:

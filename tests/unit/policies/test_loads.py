@@ -18,9 +18,11 @@ CASES: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize("kw", CASES)
-def test_batch_size_equals_the_backend_property(kw: dict[str, Any]) -> None:
+def test_batch_size_is_the_larger_of_own_accounting_and_scrape(kw: dict[str, Any]) -> None:
     b = backend("b", **kw)
-    assert batch_size(b) == b.batch_size
+    scraped = kw.get("scraped")
+    expected = max(kw.get("in_flight", 0), scraped.running + scraped.waiting if scraped else 0)
+    assert batch_size(b) == b.batch_size == expected
 
 
 @pytest.mark.parametrize(
