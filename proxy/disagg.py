@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 
 from fleet.types import Backend
+from proxy.accounting import Dispatch
 
 log = logging.getLogger("fleet_proxy.disagg")
 
@@ -69,10 +70,7 @@ async def run_prefill_leg(
     limit_s: float,
 ) -> dict[str, Any]:
     """POST the prefill leg; return the kv_transfer_params the decode leg needs."""
-    load = prefill.load
-    load.in_flight += 1
-    load.pending_prefill_tokens += prompt_tokens
-    load.dispatched_total += 1
+    dispatch = Dispatch(prefill.load, prompt_tokens)
     try:
         async with (
             asyncio.timeout(limit_s),
@@ -93,5 +91,4 @@ async def run_prefill_leg(
     except aiohttp.ClientError as e:
         raise PrefillFailed("connect", f"{prefill.id}: {type(e).__name__}: {e}") from None
     finally:
-        load.in_flight -= 1
-        load.pending_prefill_tokens -= prompt_tokens
+        dispatch.release()

@@ -32,6 +32,7 @@ from tenacity import (
 
 from fleet.types import Backend
 from policies.base import Decision, NoCandidate, RequestContext
+from proxy.accounting import Dispatch
 from proxy.core import ProxyCore
 from proxy.disagg import PREFILLER_HEADER, PrefillFailed, decode_body, host_port, run_prefill_leg
 from proxy.errors import ProxyError, sse_error_event
@@ -234,17 +235,13 @@ class Forwarder:
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         self._watchers.add(watcher)  # the loop keeps only weak references to tasks
         watcher.add_done_callback(self._watchers.discard)
-        tried: list[str] = []
+        ex = _Exchange(scope["path"], ctx, raw_body, upstream_headers, send, arrived)
         try:
             try:
-                return await self._attempt(
-                    scope["path"], ctx, raw_body, upstream_headers, send, tried, arrived
-                )
+                return await self._attempt(ex)
             except RetryableUpstream as first:
                 self._note_failure(first)
-                return await self._retry(
-                    scope["path"], ctx, raw_body, upstream_headers, send, tried, arrived, first
-                )
+                return await self._retry(ex, first)
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise
@@ -255,20 +252,10 @@ class Forwarder:
         finally:
             watch.finished = True
 
-    async def _retry(
-        self,
-        path: str,
-        ctx: RequestContext,
-        body: bytes,
-        headers: dict[str, str],
-        send: Send,
-        tried: list[str],
-        arrived: float,
-        first: RetryableUpstream,
-    ) -> int:
+    async def _retry(self, ex: _Exchange, first: RetryableUpstream) -> int:
         last: RetryableUpstream = first
         if self.settings.max_attempts <= 1:
-            raise _exhausted(tried, last)
+            raise _exhausted(ex.tried, last)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.settings.max_attempts - 1),
             retry=retry_if_exception_type(RetryableUpstream),
@@ -280,7 +267,7 @@ class Forwarder:
                 with attempt:
                     self.core.metrics.retries.labels(last.kind).inc()
                     try:
-                        return await self._attempt(path, ctx, body, headers, send, tried, arrived)
+                        return await self._attempt(ex)
                     except RetryableUpstream as e:
                         self._note_failure(e)
                         last = e
@@ -290,7 +277,7 @@ class Forwarder:
         except ProxyError as e:
             if e.status != 503:
                 raise
-        raise _exhausted(tried, last)
+        raise _exhausted(ex.tried, last)
 
     def _note_failure(self, e: RetryableUpstream) -> None:
         self.core.metrics.upstream_errors.labels(e.backend.id, e.kind).inc()
@@ -314,67 +301,56 @@ class Forwarder:
                     param="model",
                     code="model_not_found",
                 )
-            raise ProxyError(
-                503,
-                f"no healthy backend serves model `{ctx.model}` right now",
-                type="service_unavailable",
-                code=503,
-                headers=[(b"retry-after", b"1")],
-            )
+            raise _unavailable(f"no healthy backend serves model `{ctx.model}` right now")
         try:
             return core.policy.pick(ctx, candidates, now)
         except NoCandidate as e:
-            raise ProxyError(
-                503,
-                str(e),
-                type="service_unavailable",
-                code=503,
-                headers=[(b"retry-after", b"1")],
-            ) from None
+            raise _unavailable(str(e)) from None
 
-    async def _attempt(
-        self,
-        path: str,
-        ctx: RequestContext,
-        body: bytes,
-        headers: dict[str, str],
-        send: Send,
-        tried: list[str],
-        arrived: float,
-    ) -> int:
-        decision = self._choose(ctx, tried)
+    async def _prefill_elsewhere(
+        self, ex: _Exchange, decision: Decision, session: aiohttp.ClientSession
+    ) -> tuple[Backend | None, bytes, dict[str, str], int | None]:
+        """Carry out the prefill leg of a disaggregated decision.
+
+        Returns the prefill backend used (None: prefill on the target), the body and headers
+        for the target, and the prompt tokens to charge there (None: unchanged)."""
+        prefill = decision.prefill
+        ctx = ex.ctx
+        if prefill is None or ctx.endpoint not in _GENERATION:
+            return None, ex.body, ex.headers, None
+        if self.settings.pd_mode == "header":
+            return prefill, ex.body, {**ex.headers, PREFILLER_HEADER: host_port(prefill)}, None
+        leg_tokens = decision.prefill_leg_tokens
+        try:
+            kv = await run_prefill_leg(
+                session, prefill, ex.path, ctx.body, ex.headers,
+                ctx.prompt_tokens if leg_tokens is None else leg_tokens,
+                self.settings.pd_prefill_timeout,
+            )  # fmt: skip
+        except PrefillFailed as e:
+            # Fall back to prefilling on the decode backend: slower, never lost.
+            self.core.metrics.pd_prefill_legs.labels(e.reason).inc()
+            log.warning("request %s: prefill leg failed (%s)", ctx.request_id, e)
+            return None, ex.body, ex.headers, None
+        self.core.metrics.pd_prefill_legs.labels("ok").inc()
+        # The decode backend pulls the KV instead of computing it.
+        return prefill, decode_body(ctx.body, kv), ex.headers, 0
+
+    async def _attempt(self, ex: _Exchange) -> int:
+        ctx = ex.ctx
+        decision = self._choose(ctx, ex.tried)
         backend = decision.target
-        tried.append(backend.id)
+        ex.tried.append(backend.id)
         core = self.core
         session = core.session
         assert session is not None
-        # Charge what the policy expects the backend to compute (its uncached part), else all.
-        charge = ctx.prompt_tokens if decision.prefill_tokens is None else decision.prefill_tokens
-        prefill = decision.prefill if ctx.endpoint in _GENERATION else None
-        if prefill is not None:
-            if self.settings.pd_mode == "header":
-                headers = {**headers, PREFILLER_HEADER: host_port(prefill)}
-            else:
-                try:
-                    leg_charge = decision.prefill_leg_tokens
-                    kv = await run_prefill_leg(
-                        session, prefill, path, ctx.body, headers,
-                        ctx.prompt_tokens if leg_charge is None else leg_charge,
-                        self.settings.pd_prefill_timeout,
-                    )  # fmt: skip
-                except PrefillFailed as e:
-                    # Fall back to prefilling on the decode backend: slower, never lost.
-                    core.metrics.pd_prefill_legs.labels(e.reason).inc()
-                    log.warning("request %s: prefill leg failed (%s)", ctx.request_id, e)
-                    prefill = None
-                else:
-                    core.metrics.pd_prefill_legs.labels("ok").inc()
-                    body = decode_body(ctx.body, kv)
-                    charge = 0  # the decode backend pulls the KV instead of computing it
-        load = backend.load
-        load.in_flight += 1
-        load.pending_prefill_tokens += charge
-        load.dispatched_total += 1
+        prefill, body, headers, charge = await self._prefill_elsewhere(ex, decision, session)
+        if charge is None:
+            # What the policy expects the backend to compute (its uncached part), else all.
+            charge = decision.prefill_tokens
+            if charge is None:
+                charge = ctx.prompt_tokens
+        dispatch = Dispatch(backend.load, charge)
         live = LiveRequest(
             request_id=ctx.request_id,
             endpoint=ctx.endpoint,
@@ -383,96 +359,118 @@ class Forwarder:
             stream=ctx.stream,
             prompt_tokens=charge,
             backend_id=backend.id,
-            started_at=arrived,
+            started_at=ex.arrived,
             dispatched_at=time.perf_counter(),
-            attempts=len(tried),
+            attempts=len(ex.tried),
         )
         core.live.add(live)
-        decoding = False
         sent_start = False
         try:
-            try:
-                async with session.post(backend.url + path, data=body, headers=headers) as resp:
-                    status = resp.status
-                    if status in RETRYABLE_STATUS:
-                        detail = (await resp.read())[:300].decode("utf-8", "replace")
-                        raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
-                    out_headers = _response_headers(resp.raw_headers, ctx.request_id, backend.id)
-                    if prefill is not None:
-                        out_headers.append((b"x-fleet-prefill", prefill.id.encode("latin-1")))
-                    if ctx.debug:
-                        out_headers.append((b"x-fleet-decision", _receipt(decision)))
-                    if not ctx.stream or status != 200:
-                        data = await resp.read()
-                        load.pending_prefill_tokens -= charge
-                        charge = 0
-                        out_headers.append((b"content-length", str(len(data)).encode()))
-                        sent_start = True
-                        await send(
-                            {
-                                "type": "http.response.start",
-                                "status": status,
-                                "headers": out_headers,
-                            }
-                        )
-                        await send({"type": "http.response.body", "body": data})
-                        self._observe(ctx.endpoint, arrived)
-                        return status
+            async with session.post(backend.url + ex.path, data=body, headers=headers) as resp:
+                status = resp.status
+                if status in RETRYABLE_STATUS:
+                    detail = (await resp.read())[:300].decode("utf-8", "replace")
+                    raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
+                out_headers = _response_headers(resp.raw_headers, ctx.request_id, backend.id)
+                if prefill is not None:
+                    out_headers.append((b"x-fleet-prefill", prefill.id.encode("latin-1")))
+                if ctx.debug:
+                    out_headers.append((b"x-fleet-decision", _receipt(decision)))
+                if not ctx.stream or status != 200:
+                    data = await resp.read()
+                    dispatch.prefilled()
+                    out_headers.append((b"content-length", str(len(data)).encode()))
                     sent_start = True
-                    await send(
+                    await ex.send(
                         {"type": "http.response.start", "status": status, "headers": out_headers}
                     )
-                    chunks = live.chunks
-                    try:
-                        async for chunk in resp.content.iter_any():
-                            if not decoding:
-                                load.pending_prefill_tokens -= charge
-                                charge = 0
-                                load.running_decodes += 1
-                                decoding = True
-                                live.first_token_at = time.perf_counter()
-                                core.metrics.observe_ttft(
-                                    ctx.endpoint, live.first_token_at - arrived
-                                )
-                            live.events += chunk.count(b"data: ")
-                            chunks.append(chunk)
-                            await send(
-                                {"type": "http.response.body", "body": chunk, "more_body": True}
-                            )
-                    except (aiohttp.ClientError, TimeoutError) as e:
-                        core.metrics.upstream_errors.labels(backend.id, "mid_stream").inc()
-                        backend.last_error = f"stream broke: {type(e).__name__}: {e}"
-                        log.warning("request %s: %s mid-stream: %r", ctx.request_id, backend.id, e)
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": sse_error_event(
-                                    f"backend {backend.id} failed mid-stream "
-                                    f"({type(e).__name__}); the response is incomplete"
-                                ),
-                                "more_body": True,
-                            }
-                        )
-                    await send({"type": "http.response.body", "body": b""})
-                    self._observe(ctx.endpoint, arrived)
-                    return status
-            except aiohttp.ClientConnectorError as e:
-                raise RetryableUpstream(backend, "connect", f"{type(e).__name__}: {e}") from None
-            except (aiohttp.ClientError, TimeoutError) as e:
-                if sent_start:
-                    raise
-                raise RetryableUpstream(backend, "io", f"{type(e).__name__}: {e}") from None
+                    await ex.send({"type": "http.response.body", "body": data})
+                else:
+                    sent_start = True
+                    await ex.send(
+                        {"type": "http.response.start", "status": status, "headers": out_headers}
+                    )
+                    await self._relay_stream(ex, resp, backend, dispatch, live)
+                self._observe(ctx.endpoint, ex.arrived)
+                return status
+        except aiohttp.ClientConnectorError as e:
+            raise RetryableUpstream(backend, "connect", f"{type(e).__name__}: {e}") from None
+        except (aiohttp.ClientError, TimeoutError) as e:
+            if sent_start:
+                raise
+            raise RetryableUpstream(backend, "io", f"{type(e).__name__}: {e}") from None
         finally:
-            load.in_flight -= 1
-            load.pending_prefill_tokens -= charge
-            if decoding:
-                load.running_decodes -= 1
+            dispatch.release()
             core.live.remove(live)
             if self._on_finish is not None:
                 self._on_finish(ctx, decision)
 
+    async def _relay_stream(
+        self,
+        ex: _Exchange,
+        resp: aiohttp.ClientResponse,
+        backend: Backend,
+        dispatch: Dispatch,
+        live: LiveRequest,
+    ) -> None:
+        """Every chunk to the client as it arrives; a break ends with an error event."""
+        send = ex.send
+        chunks = live.chunks
+        try:
+            async for chunk in resp.content.iter_any():
+                if not dispatch.decoding:
+                    dispatch.first_token()
+                    live.first_token_at = time.perf_counter()
+                    self.core.metrics.observe_ttft(
+                        ex.ctx.endpoint, live.first_token_at - ex.arrived
+                    )
+                live.events += chunk.count(b"data: ")
+                chunks.append(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (aiohttp.ClientError, TimeoutError) as e:
+            self.core.metrics.upstream_errors.labels(backend.id, "mid_stream").inc()
+            backend.last_error = f"stream broke: {type(e).__name__}: {e}"
+            log.warning("request %s: %s mid-stream: %r", ex.ctx.request_id, backend.id, e)
+            message = (
+                f"backend {backend.id} failed mid-stream ({type(e).__name__}); "
+                "the response is incomplete"
+            )
+            await send(
+                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b""})
+
     def _observe(self, endpoint: str, arrived: float) -> None:
         self.core.metrics.observe_duration(endpoint, time.perf_counter() - arrived)
+
+
+class _Exchange:
+    """One client request across its attempts: what every attempt needs, in one place."""
+
+    __slots__ = ("arrived", "body", "ctx", "headers", "path", "send", "tried")
+
+    def __init__(
+        self,
+        path: str,
+        ctx: RequestContext,
+        body: bytes,
+        headers: dict[str, str],
+        send: Send,
+        arrived: float,
+    ) -> None:
+        self.path = path
+        self.ctx = ctx
+        self.body = body  # the client's bytes, forwarded as they came
+        self.headers = headers  # end-to-end headers for the backend
+        self.send = send
+        self.arrived = arrived
+        self.tried: list[str] = []  # backend ids, in attempt order
+
+
+def _unavailable(message: str) -> ProxyError:
+    return ProxyError(
+        503, message, type="service_unavailable", code=503, headers=[(b"retry-after", b"1")]
+    )
 
 
 def _exhausted(tried: list[str], last: RetryableUpstream) -> ProxyError:
