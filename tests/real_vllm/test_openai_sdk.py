@@ -39,9 +39,12 @@ def direct(tier: Tier, backend_id: str, path: str, body: dict[str, Any]) -> dict
 
 def test_completion_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: Tier) -> None:
     raw = sdk(proxy).completions.with_raw_response.create(
-        model=tier.model, prompt="The router sends the request to", max_tokens=MAX_TOKENS,
-        extra_body=EXTRA, **GREEDY,
-    )  # fmt: skip
+        model=tier.model,
+        prompt="The router sends the request to",
+        max_tokens=MAX_TOKENS,
+        extra_body=EXTRA,
+        **GREEDY,
+    )
     completion = raw.parse()
     backend_id = raw.headers["x-fleet-backend"]
     assert backend_id in {e.backend_id for e in tier.engines}
@@ -51,26 +54,38 @@ def test_completion_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: T
     assert completion.usage.completion_tokens == MAX_TOKENS
     assert completion.choices[0].finish_reason == "length"
     engine_answer = direct(
-        tier, backend_id, "/v1/completions",
-        {"model": tier.model, "prompt": "The router sends the request to",
-         "max_tokens": MAX_TOKENS, **GREEDY, **EXTRA},
-    )  # fmt: skip
+        tier,
+        backend_id,
+        "/v1/completions",
+        {
+            "model": tier.model,
+            "prompt": "The router sends the request to",
+            "max_tokens": MAX_TOKENS,
+            **GREEDY,
+            **EXTRA,
+        },
+    )
     assert completion.choices[0].text == engine_answer["choices"][0]["text"]
     assert completion.choices[0].text.strip()
 
 
 def test_chat_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: Tier) -> None:
     raw = sdk(proxy).chat.completions.with_raw_response.create(
-        model=tier.model, messages=MESSAGES, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
-        extra_body=EXTRA, **GREEDY,
-    )  # fmt: skip
+        model=tier.model,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+        extra_body=EXTRA,
+        **GREEDY,
+    )
     chat = raw.parse()
     assert chat.usage is not None and chat.usage.completion_tokens == MAX_TOKENS
     assert chat.choices[0].message.role == "assistant"
     engine_answer = direct(
-        tier, raw.headers["x-fleet-backend"], "/v1/chat/completions",
+        tier,
+        raw.headers["x-fleet-backend"],
+        "/v1/chat/completions",
         {"model": tier.model, "messages": MESSAGES, "max_tokens": MAX_TOKENS, **GREEDY, **EXTRA},
-    )  # fmt: skip
+    )
     assert chat.choices[0].message.content == engine_answer["choices"][0]["message"]["content"]
 
 
@@ -81,9 +96,14 @@ def test_streamed_completion_with_usage(proxy: Proxy, tier: Tier) -> None:
         model=tier.model, prompt=prompt, max_tokens=MAX_TOKENS, extra_body=EXTRA, **GREEDY
     )
     stream = client.completions.create(
-        model=tier.model, prompt=prompt, max_tokens=MAX_TOKENS, extra_body=EXTRA, **GREEDY,
-        stream=True, stream_options={"include_usage": True},
-    )  # fmt: skip
+        model=tier.model,
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        extra_body=EXTRA,
+        **GREEDY,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     pieces, usage, chunks = [], None, 0
     for chunk in stream:
         chunks += 1
@@ -101,13 +121,21 @@ def test_streamed_completion_with_usage(proxy: Proxy, tier: Tier) -> None:
 def test_streamed_chat_with_usage(proxy: Proxy, tier: Tier) -> None:
     client = sdk(proxy)
     whole = client.chat.completions.create(
-        model=tier.model, messages=MESSAGES, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
-        extra_body=EXTRA, **GREEDY,
-    )  # fmt: skip
+        model=tier.model,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+        extra_body=EXTRA,
+        **GREEDY,
+    )
     stream = client.chat.completions.create(
-        model=tier.model, messages=MESSAGES, max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
-        extra_body=EXTRA, **GREEDY, stream=True, stream_options={"include_usage": True},
-    )  # fmt: skip
+        model=tier.model,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+        extra_body=EXTRA,
+        **GREEDY,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     pieces, usage, roles = [], None, set()
     for chunk in stream:
         if chunk.choices:

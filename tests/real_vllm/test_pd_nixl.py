@@ -28,8 +28,12 @@ REMOTE_DECODE = {
 
 
 def completion(url: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Request-Id": request_id},
-                   timeout=FIRST_DECODE_TIMEOUT)  # fmt: skip
+    r = httpx.post(
+        f"{url}/v1/completions",
+        json=body,
+        headers={"X-Request-Id": request_id},
+        timeout=FIRST_DECODE_TIMEOUT,
+    )
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()
     return data
@@ -41,8 +45,14 @@ def test_two_step_pd_equals_an_aggregated_run(pd_tier: Tier) -> None:
     # A fresh prompt of several KV blocks, so nothing of it is cached anywhere yet.
     rng = random.Random(uuid.uuid4().int)
     prompt = [rng.randrange(16, 2000) for _ in range(300)]
-    body = {"model": pd_tier.model, "prompt": prompt, "max_tokens": MAX_TOKENS,
-            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": pd_tier.model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     request_id = f"pd-{uuid.uuid4().hex}"
 
     # 1. Prefill leg: one token, and the engine keeps the KV blocks for the decode engine.

@@ -27,8 +27,9 @@ def long_prefix(tier: Tier, min_tokens: int) -> tuple[str, int]:
     while True:
         words += [f"w{rng.randrange(5000)}" for _ in range(100)]
         text = " ".join(words) + "\n"
-        tokens = httpx.post(f"{engine.url}/tokenize", timeout=30,
-                            json={"model": tier.model, "prompt": text}).json()["count"]  # fmt: skip
+        tokens = httpx.post(
+            f"{engine.url}/tokenize", timeout=30, json={"model": tier.model, "prompt": text}
+        ).json()["count"]
         if tokens >= min_tokens:
             return text, int(tokens)
 
