@@ -3,7 +3,8 @@
 Starts `fleet-proxy sim` as its own process (loopback only), opens --streams streaming
 completions spread over its engines, waits until every stream has produced a token, then
 holds them for --hold seconds and reports how far the engines' clocks fell behind real time
-over that window: 1 - (planned step time) / (actual step time), summed over engines. The
+over that window: 1 - (engine seconds) / (real seconds) while busy, summed over engines, and
+how far each engine clock trailed real time when sampled every 0.5 s (milliseconds). The
 client runs in this process, so simulator and client share the machine's two cores, as a
 router benchmark would. Bounded: one request per stream, a deadline on every phase.
 
@@ -18,6 +19,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -116,7 +118,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             chunks_before = sum(s.chunks for s in streams)
             cpu0 = _cpu_seconds(proc.pid)
             w0 = time.monotonic()
-            await asyncio.sleep(args.hold)
+            behind: list[float] = []  # real seconds each engine's clock trails, sampled
+            while time.monotonic() - w0 < args.hold:
+                await asyncio.sleep(0.5)
+                behind.extend(s["behind_s"] / args.speed for s in await _states(http, urls))
             after = await _states(http, urls)
             window = time.monotonic() - w0
             sim_cpu = (_cpu_seconds(proc.pid) - cpu0) / window
@@ -138,6 +143,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "running_per_engine": [s["running"] for s in after],
             "window_s": round(window, 2), "chunks_per_s": round(chunks / window),
             "clock_lag": round(_lag(before, after), 4),
+            "behind_ms_p50": round(1000 * statistics.median(behind), 1),
+            "behind_ms_max": round(1000 * max(behind), 1),
             "sim_cpu_cores": round(sim_cpu, 2), "load_average_1m": os.getloadavg()[0],
             "tokens_per_s": round(tokens / window),
             "sim_cpu_us_per_token": round(1e6 * sim_cpu * window / max(1, tokens), 1),

@@ -60,8 +60,11 @@ class Engine:
         self.step_seconds = 0.0  # engine seconds spent in steps
         self._virtual: float | None = None
         self._real_mark: float | None = None  # real time the busy accounting has reached
-        # How far the engine clock may trail real time and still catch up (50 ms real).
-        self._max_behind = 0.05 * time.speed
+        self._deadline: float | None = None  # engine time the step in progress ends
+        # How far the engine clock may trail real time and still catch up (1 s real): a burst
+        # of work (thousands of streams' tokens written at once) delays a step's wake-up by
+        # tens of milliseconds; the next sleeps make that up.
+        self._max_behind = 1.0 * time.speed
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -180,6 +183,7 @@ class Engine:
             if step is None:
                 ready_at = core.next_ready_at(now)
                 if ready_at is not None:  # a request is still in the API server
+                    self._deadline = ready_at
                     await self.time.sleep_until(ready_at)
                     self._advance(ready_at - now)
                     continue
@@ -190,7 +194,7 @@ class Engine:
                 continue
             # Steps follow each other on the engine clock, not from whenever the process woke
             # up: a late wake-up shortens the next sleep instead of stretching the timeline.
-            end = now + step.duration
+            end = self._deadline = now + step.duration
             self.step_seconds += step.duration
             await self.time.sleep_until(end)
             self._advance(step.duration)
@@ -202,6 +206,13 @@ class Engine:
         if not self.faults.unhung.is_set():
             await self.faults.unhung.wait()
             self._virtual = self._real_mark = None  # resume on real time; a hang is no lag
+
+    def behind(self) -> float:
+        """Engine seconds real time is past the end of the step in progress (0 when idle or
+        on time): how late the engine clock is running."""
+        if self._virtual is None or self._deadline is None:
+            return 0.0
+        return max(0.0, self.time.now() - self._deadline)
 
     def _advance(self, sim_seconds: float) -> None:
         """Account `sim_seconds` of engine time against the real time that passed."""

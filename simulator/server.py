@@ -286,6 +286,7 @@ class EngineServer:
             "finished": c.finished, "lag_fraction": self.engine.lag_fraction(),
             "planned_busy_s": self.engine.planned_busy, "actual_busy_s": self.engine.actual_busy,
             "engine_time": self.engine.now(), "real_time": self.engine.time.now(),
+            "behind_s": self.engine.behind(),
             "faults": self.engine.faults.settings.to_json(),
         })
 
