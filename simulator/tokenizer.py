@@ -7,13 +7,13 @@ about as dense as a real BPE tokenizer so that a router's `chars / 4` estimate s
 The vocabulary (`VOCAB_SIZE` = 128,256 ids, the size of Llama 3's):
 - a few special tokens (BOS, EOS, chat header markers) that decode to "";
 - 256 byte tokens, the fallback for anything else (punctuation, non-ASCII as UTF-8 bytes);
-- word pieces: 1-3 letters, lower-case or capitalised, with or without a leading space;
-  digit groups of 1-3 digits; common 4-letter pieces (letters from the 15 most frequent
-  English letters) with or without a leading space; the remaining ids are filled with
-  further 4-letter pieces in a fixed order.
-Encoding is greedy longest match over these pieces. English prose averages about 3.6
-characters per token (tests/unit/simulator/test_tokenizer.py measures it), close to the ~4
-of real BPE tokenizers.
+- word pieces: about 300 common English words and suffixes; 1-3 letters, lower-case or
+  capitalised, with or without a leading space; digit groups of 1-3 digits; 4-letter
+  pieces of the 15 most frequent English letters after a space; and 4-letter word interiors
+  of the 12 most frequent letters until the vocabulary is full.
+Encoding is greedy longest match over these pieces. General English prose averages about
+3.3-3.5 characters per token and the benchmark's filler text (bench/textgen.py) about 4.0
+(tests/unit/simulator/test_tokenizer.py bounds it), near the ~4 of real BPE tokenizers.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _pieces() -> list[str]:
 
 
 class Tokenizer:
-    """Text <-> token ids. Build one per process and share it: the tables take ~0.3 s."""
+    """Text <-> token ids. Build one per process and share it: the tables take ~0.5 s."""
 
     def __init__(self) -> None:
         self._id_to_str: list[str] = list(SPECIAL_TOKENS) + [f"<0x{b:02X}>" for b in range(256)]
