@@ -17,6 +17,16 @@ are not distorted by a second busy engine on the same cores. Writes, into --out:
   timings.json                   TTFT and per-output-token seconds by prompt length
   manifest.json                  for each file: the request that produced it, status, headers
 
+With --pd (the prefill/decode pair of `engines.py start --pd-nixl`), instead:
+
+  pd_prefill.json                prefill leg answer: kv_transfer_params for the decode engine
+  pd_decode.json                 decode leg answer (original body + those kv_transfer_params)
+  pd_prefill_for_stream.json     a second exchange, prefill leg,
+  pd_decode_stream.txt           and its decode leg streamed: raw SSE bytes
+  pd_prefill_metrics.txt         /metrics of both engines afterwards (vllm:nixl_* on decode)
+  pd_decode_metrics.txt
+  pd_manifest.json               requests, statuses and headers, as manifest.json
+
 Uses only the standard library plus httpx (in the project venv).
 """
 
@@ -238,6 +248,42 @@ def capture_all(
     (cap.out / "manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
 
 
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def capture_pd(prefill: Capture, decode: Capture, vocab: int) -> None:
+    """The two-step protocol of REFERENCE §3, each leg recorded as the engines answered."""
+    rng = random.Random(5)
+    for stream in (False, True):
+        body: dict[str, Any] = {
+            "model": prefill.model,
+            "prompt": unique_prompt_ids(rng, 300, vocab),
+            "max_tokens": 12,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        first = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": REMOTE_DECODE}
+        name = "pd_prefill.json" if not stream else "pd_prefill_for_stream.json"
+        params = prefill.json_call(name, "POST", "/v1/completions", first)["kv_transfer_params"]
+        second = {**body, "kv_transfer_params": params}
+        if stream:
+            second |= {"stream": True, "stream_options": {"include_usage": True}}
+            decode.raw_stream("pd_decode_stream.txt", "/v1/completions", second)
+        else:
+            decode.json_call("pd_decode.json", "POST", "/v1/completions", second)
+    prefill.text_get("pd_prefill_metrics.txt", "/metrics")
+    decode.text_get("pd_decode_metrics.txt", "/metrics")
+    manifest = {**prefill.manifest, **{f"{k} (decode)": v for k, v in decode.manifest.items()}}
+    (prefill.out / "pd_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -248,12 +294,16 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--lengths", default="16,128,512,1024,2048")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument(
-        "--state",
-        type=Path,
-        default=Path(os.environ.get("FLEET_VLLM_STATE", CACHE / "real-vllm" / "state.json")),
-    )
+    parser.add_argument("--pd", action="store_true", help="capture the P/D pair instead")
+    parser.add_argument("--state", type=Path, help="tier state file (default: by mode)")
     args = parser.parse_args(argv)
+    if args.state is None:
+        env, name = (
+            ("FLEET_VLLM_PD_STATE", "pd-state.json")
+            if args.pd
+            else ("FLEET_VLLM_STATE", "state.json")
+        )
+        args.state = Path(os.environ.get(env, CACHE / "real-vllm" / name))
     if not args.state.exists():
         print(
             f"[capture] ERROR: no tier state at {args.state}: "
@@ -262,10 +312,18 @@ def main(argv: list[str]) -> int:
         )
         return 1
     state = json.loads(args.state.read_text())
-    engine = state["engines"][args.engine]
     args.out.mkdir(parents=True, exist_ok=True)
-    cap = Capture(engine["url"], args.out, state["served_model_name"])
     vocab = int(json.loads((Path(state["model_dir"]) / "config.json").read_text())["vocab_size"])
+    if args.pd:
+        by_role = {e["role"]: e for e in state["engines"]}
+        model = state["served_model_name"]
+        prefill = Capture(by_role["prefill"]["url"], args.out, model)
+        decode = Capture(by_role["decode"]["url"], args.out, model)
+        capture_pd(prefill, decode, vocab)
+        print(f"[capture] P/D goldens written to {args.out}", file=sys.stderr)
+        return 0
+    engine = state["engines"][args.engine]
+    cap = Capture(engine["url"], args.out, state["served_model_name"])
     capture_all(
         cap,
         int(state["max_model_len"]),

@@ -129,6 +129,16 @@ def is_our_engine(pid: int) -> bool:
     return b"vllm.entrypoints" in cmdline
 
 
+def child_exited(pid: int) -> bool:
+    """Whether an engine we launched has exited. Reaps it; /proc/PID/cmdline is no use here:
+    between fork and exec it still shows this script."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not our child (another `start`): judge by its command line
+        return not is_our_engine(pid)
+    return done != 0
+
+
 def log_tail(path: str, lines: int = 40) -> str:
     try:
         text = Path(path).read_text(errors="replace").splitlines()
@@ -232,7 +242,7 @@ def wait_ready(engines: list[Engine], timeout: float) -> None:
             if "Address already in use" in log_tail(engine.log, 200):
                 # vLLM may keep the process alive after a failed bind: do not wait it out.
                 raise PortTaken(died_reason(engine))
-            if not is_our_engine(engine.pid):
+            if child_exited(engine.pid):
                 raise TierError(died_reason(engine))
             if healthy(engine.url):
                 print(f"[real-vllm] {engine.name} ready at {engine.url}", file=sys.stderr)

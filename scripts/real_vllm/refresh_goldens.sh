@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# One command to refresh tests/golden/vllm-0.32/ from a real vLLM engine:
-# prepares the tier if needed, starts ONE engine unless the tier already runs (then it uses
-# engine 0 and leaves the engines running), captures, and stops what it started.
-# Extra arguments go to capture_goldens.py (e.g. --reps 5).
+# One command to refresh every golden capture in tests/golden/vllm-0.32/ from real vLLM:
+#   1. ONE ordinary engine (timings with nothing else busy): responses, SSE, /metrics, timings;
+#   2. the prefill/decode pair with NixlConnector: both legs of the P/D protocol.
+# Prepares the tier if needed (with NIXL), starts what is not running, and stops what it
+# started. Extra arguments go to the first capture (e.g. --reps 10).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${FLEET_VLLM_VENV:-$HOME/.cache/fleet-proxy/vllm-venv}"
-
-bash "$here/prepare.sh"
-started=0
-if ! python3 "$here/engines.py" status >/dev/null 2>&1; then
-  python3 "$here/engines.py" start --count 1 >/dev/null
-  started=1
-fi
-cleanup() { if [[ "$started" == 1 ]]; then python3 "$here/engines.py" stop; fi; }
+engines() { python3 "$here/engines.py" "$@"; }
+started=()
+cleanup() { for mode in "${started[@]}"; do engines stop $mode || true; done; }
 trap cleanup EXIT
+
+bash "$here/prepare.sh" --with-nixl
+
+if ! engines status >/dev/null 2>&1; then
+  engines start --count 1 >/dev/null
+  started+=("")
+fi
 "$venv/bin/python" "$here/capture_goldens.py" "$@"
+if [[ ${#started[@]} -gt 0 ]]; then engines stop; started=(); fi  # one pair at a time on 2 cores
+
+if ! engines status --pd-nixl >/dev/null 2>&1; then
+  engines start --pd-nixl >/dev/null
+  started+=("--pd-nixl")
+fi
+"$venv/bin/python" "$here/capture_goldens.py" --pd
