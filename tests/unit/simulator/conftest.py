@@ -19,11 +19,18 @@ def tokenizer() -> Tokenizer:
 
 def small_profile(**overrides: object) -> Profile:
     base = Profile(
-        name="unit", block_size=4, kv_bytes_per_token=1000, num_gpu_blocks=16,
-        max_num_seqs=4, max_num_batched_tokens=16, max_model_len=256,
-        step_time=StepTime(base_s=0.01, weight_read_s=0.0, per_token_compute_s=0.001,
-                           per_context_token_s=0.0),
-        kv_transfer_bandwidth_bytes_per_s=1e6, eos_probability=0.0,
+        name="unit",
+        block_size=4,
+        kv_bytes_per_token=1000,
+        num_gpu_blocks=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        max_model_len=256,
+        step_time=StepTime(
+            base_s=0.01, weight_read_s=0.0, per_token_compute_s=0.001, per_context_token_s=0.0
+        ),
+        kv_transfer_bandwidth_bytes_per_s=1e6,
+        eos_probability=0.0,
     )
     return base.with_overrides(**overrides)
 
@@ -40,9 +47,13 @@ class CoreHarness:
 
     def request(self, prompt: list[int], max_tokens: int = 4, **params: object) -> SimRequest:
         self._n += 1
-        req = SimRequest(request_id=f"r{self._n}", prompt_ids=list(prompt),
-                         params=GenerationParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-                         arrival=self.now, lm_state=self.lm.context_state(prompt))
+        req = SimRequest(
+            request_id=f"r{self._n}",
+            prompt_ids=list(prompt),
+            params=GenerationParams(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
+            arrival=self.now,
+            lm_state=self.lm.context_state(prompt),
+        )
         self.core.add_request(req)
         return req
 

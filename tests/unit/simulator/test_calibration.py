@@ -47,7 +47,9 @@ def test_cpu_tiny_matches_the_real_engine_where_its_runs_agree(tokenizer: Tokeni
         got = timing.ttft_s if metric == "ttft_s" else timing.tpot_s
         compared[metric] += 1
         if abs(got - median) > TOLERANCE * median:
-            misses.append(f"{metric} prompt={prompt} cached={cached}: sim {got:.4f} real {median:.4f}")
+            misses.append(
+                f"{metric} prompt={prompt} cached={cached}: sim {got:.4f} real {median:.4f}"
+            )
     assert not misses, misses
     # Enough points to mean something: short and long prompts, and a prefix hit.
     assert compared["ttft_s"] >= 3 and compared["tpot_s"] >= 3, compared

@@ -172,8 +172,9 @@ def test_decode_side_skips_prefill_after_pull_or_recomputes(
     prompt = list(range(700, 720))
     expected = _alone(tokenizer, prompt, 6)
     sim = CoreHarness(tokenizer, num_gpu_blocks=64, max_num_batched_tokens=64)
-    decode = SimRequest("d1", list(prompt), GenerationParams(max_tokens=6), 0.0,
-                        sim.lm.context_state(prompt))
+    decode = SimRequest(
+        "d1", list(prompt), GenerationParams(max_tokens=6), 0.0, sim.lm.context_state(prompt)
+    )
     to_load = sim.core.begin_remote_prefill(decode)
     assert to_load == len(prompt) - 1
     assert sim.core.schedule(0.0) is None  # waits for its KV

@@ -14,10 +14,12 @@ def _without_created_values(page: bytes) -> str:
 
 def test_renders_exactly_like_prometheus_client_histogram() -> None:
     reference_registry, fast_registry = CollectorRegistry(), CollectorRegistry()
-    reference = Histogram("vllm:x", "doc", ["model_name", "engine"], buckets=BUCKETS,
-                          registry=reference_registry).labels("m", "0")
-    fast = FastHistogram("vllm:x", "doc", ["model_name", "engine"], ["m", "0"], BUCKETS,
-                         fast_registry)
+    reference = Histogram(
+        "vllm:x", "doc", ["model_name", "engine"], buckets=BUCKETS, registry=reference_registry
+    ).labels("m", "0")
+    fast = FastHistogram(
+        "vllm:x", "doc", ["model_name", "engine"], ["m", "0"], BUCKETS, fast_registry
+    )
     for v in VALUES:
         reference.observe(v)
         fast.observe(v)

@@ -5,10 +5,17 @@ from simulator.faults import FaultState, parse_fault_update
 from simulator.profiles import available_profiles, load_profile
 
 
-@pytest.mark.parametrize("body", [
-    {"error_rate": 2}, {"slowdown": 0}, {"hang": "yes"}, {"die_after_tokens": 0},
-    {"bogus": 1}, [1],
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error_rate": 2},
+        {"slowdown": 0},
+        {"hang": "yes"},
+        {"die_after_tokens": 0},
+        {"bogus": 1},
+        [1],
+    ],
+)
 def test_bad_fault_updates_are_refused(body: object) -> None:
     with pytest.raises(ValueError):
         parse_fault_update(body)
@@ -44,7 +51,11 @@ def test_shipped_profiles_load() -> None:
 def test_cli_defaults_and_rejections() -> None:
     args = build_parser().parse_args(["--engines", "3"])
     assert (args.profile, args.model, args.role, args.speed) == (
-        "h100-llama-8b", "sim-llama-8b", "both", 1.0)
+        "h100-llama-8b",
+        "sim-llama-8b",
+        "both",
+        1.0,
+    )
     assert main(["--profile", "no-such-profile"]) == 2
     assert main(["--engines", "0"]) == 2
     assert main(["--fault-error-rate", "3"]) == 2

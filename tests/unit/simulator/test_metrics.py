@@ -52,8 +52,9 @@ def test_every_series_has_model_and_engine_labels(tokenizer: Tokenizer) -> None:
 
 def test_cache_config_info_describes_the_cache(tokenizer: Tokenizer) -> None:
     page = _page(tokenizer)
-    info = next(f for f in text_string_to_metric_families(page)
-                if f.name == "vllm:cache_config_info")
+    info = next(
+        f for f in text_string_to_metric_families(page) if f.name == "vllm:cache_config_info"
+    )
     labels = info.samples[0].labels
     assert labels["block_size"] == "4" and labels["num_gpu_blocks"] == "16"
     assert labels["enable_prefix_caching"] == "True"

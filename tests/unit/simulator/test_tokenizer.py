@@ -41,8 +41,10 @@ def test_chat_template_ends_with_generation_prompt_or_open_message(tokenizer: To
     msgs = [("user", "Hi"), ("assistant", "Hello the")]
     with_prompt = tokenizer.apply_chat_template(msgs[:1], add_generation_prompt=True)
     assert tokenizer.decode(with_prompt, skip_special=False).endswith(
-        "<|start_header_id|>assistant<|end_header_id|>\n\n")
-    cont = tokenizer.apply_chat_template(msgs, add_generation_prompt=False,
-                                         continue_final_message=True)
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    cont = tokenizer.apply_chat_template(
+        msgs, add_generation_prompt=False, continue_final_message=True
+    )
     assert tokenizer.decode(cont).endswith("Hello the")
     assert cont[-1] != EOS_ID
