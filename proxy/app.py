@@ -15,14 +15,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleet.clock import Clock
 from proxy.admin import admin_router
 from proxy.core import ProxyCore
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder, Receive, Scope, Send, send_error
 from proxy.settings import Settings
 
@@ -50,10 +50,9 @@ class FleetProxyApp:
         await self.control(scope, receive, send)
 
 
-def _openai_error(status: int, message: str, type_: str) -> JSONResponse:
-    return JSONResponse(
-        status_code=status,
-        content={"error": {"message": message, "type": type_, "param": None, "code": status}},
+def _openai_error(status: int, message: str, type_: str) -> Response:
+    return Response(
+        error_body(message, type_, None, status), status_code=status, media_type="application/json"
     )
 
 
@@ -74,14 +73,14 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FleetProxyApp:
     control = FastAPI(title="fleet-proxy", lifespan=lifespan)
 
     @control.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         if exc.status_code == 401:
             kind = "authentication_error"
         return _openai_error(exc.status_code, str(exc.detail), kind)
 
     @control.exception_handler(RequestValidationError)
-    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def bad_request(_: Request, exc: RequestValidationError) -> Response:
         parts = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         return _openai_error(400, "; ".join(parts), "invalid_request_error")
 
