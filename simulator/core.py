@@ -33,6 +33,7 @@ class CoreListener:
     def on_prefix_query(self, queried: int, hit: int) -> None: ...
     def on_token(self, req: SimRequest, now: float, first: bool) -> None: ...
     def on_finished(self, req: SimRequest) -> None: ...
+    def on_held_expired(self, req: SimRequest) -> None: ...
 
 
 @dataclass(slots=True)
@@ -144,7 +145,9 @@ class EngineCore:
         if ok:
             req.num_computed = len(req.prompt_ids) - 1
             req.prefix_hit_tokens = req.num_cached_blocks * self.block_size
-            req.external_tokens = req.num_computed - req.prefix_hit_tokens
+            # vLLM counts the whole remote prompt as transferred (local_compute 0), though the
+            # last token is run again here to sample the first output.
+            req.external_tokens = len(req.prompt_ids) - req.prefix_hit_tokens
             self._register_full_blocks(req)
         else:
             self.pool.free(req.blocks)
@@ -165,7 +168,9 @@ class EngineCore:
     def expire_held(self, now: float) -> int:
         expired = [rid for rid, (_r, deadline) in self.held.items() if deadline <= now]
         for rid in expired:
-            self.release_held(rid)
+            req = self.release_held(rid)
+            if req is not None:
+                self.listener.on_held_expired(req)
         return len(expired)
 
     # ---- the step -------------------------------------------------------------------------

@@ -139,16 +139,21 @@ class Engine:
                        "remote_block_ids": kv.get("remote_block_ids"),
                        "remote_engine_id": kv.get("remote_engine_id")}
             timeout = aiohttp.ClientTimeout(total=10)
+            posted = self.time.now()
             async with self._session.post(url, json=payload, timeout=timeout) as resp:
                 ok = resp.status == 200
             if ok:
+                self.metrics.nixl_post_time.observe(self.time.now() - posted)
                 nbytes = to_load * self.profile.kv_bytes_per_token
                 seconds = nbytes / self.profile.kv_transfer_bandwidth_bytes_per_s
                 await self.time.sleep_until(self.time.now() + seconds)
                 self.metrics.nixl_xfer_time.observe(seconds)
                 self.metrics.nixl_bytes.observe(nbytes)
+                self.metrics.nixl_descriptors.observe(len(req.blocks))
         except (aiohttp.ClientError, TimeoutError, KeyError, OSError):
             ok = False
+        if not ok:
+            self.metrics.nixl_failed_transfers.inc()
         self.core.finish_remote_prefill(req, ok)
         self._wake.set()
 

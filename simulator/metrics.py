@@ -20,7 +20,7 @@ from prometheus_client import (
 from simulator.core import CoreListener, EngineCore, Step
 from simulator.fast_histogram import FastHistogram
 from simulator.profiles import Profile
-from simulator.request import SimRequest
+from simulator.request import SimRequest, Status
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -28,12 +28,12 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-NIXL_XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0,
-                     2.0, 5.0)
+NIXL_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -88,6 +88,9 @@ class SimMetrics(CoreListener):
                           "Number of requests waiting, by the reason they wait.", ["reason"])
         self.waiting_capacity = by_reason.labels(*lv, "capacity")
         self.waiting_deferred = by_reason.labels(*lv, "deferred")
+        fetch = gauge("vllm:num_requests_kv_fetch_by_stage",
+                      "Number of waiting requests by async KV load stage.", ["stage"])
+        self.fetch_stage = {stage: fetch.labels(*lv, stage) for stage in KV_FETCH_STAGES}
         sleep = gauge("vllm:engine_sleep_state", "Engine sleep state.", ["sleep_state"])
         for state in SLEEP_STATES:
             sleep.labels(*lv, state).set(1 if state == "awake" else 0)
@@ -173,13 +176,31 @@ class SimMetrics(CoreListener):
         self.req_computed = hist("vllm:request_prefill_kv_computed_tokens",
                                  "Prompt tokens computed (not from a cache) per request.",
                                  tok_buckets).labels(*lv)
-        # The decode side of P/D reports its KV pulls, as vLLM's NixlConnector does.
+        # NixlConnector's families, as an engine started with it publishes them (on both
+        # sides of a transfer); the decode side observes its KV pulls.
         self.nixl_xfer_time = hist("vllm:nixl_xfer_time_seconds",
                                    "Histogram of transfer duration for NIXL KV Cache transfers.",
-                                   NIXL_XFER_BUCKETS).labels(*lv)
+                                   NIXL_TIME_BUCKETS).labels(*lv)
+        self.nixl_post_time = hist("vllm:nixl_post_time_seconds",
+                                   "Histogram of transfer post time for NIXL KV Cache "
+                                   "transfers.", [0.001, *NIXL_TIME_BUCKETS]).labels(*lv)
         self.nixl_bytes = hist("vllm:nixl_bytes_transferred",
                                "Histogram of bytes transferred per NIXL KV Cache transfers.",
-                               [2.0**k for k in range(10, 36, 2)]).labels(*lv)
+                               [float(2 ** k) for k in range(11, 34, 2)]).labels(*lv)
+        self.nixl_descriptors = hist("vllm:nixl_num_descriptors",
+                                     "Histogram of number of descriptors per NIXL KV Cache "
+                                     "transfers.", [10, 20, 30, 50, 75, 100, 200, 400, 1000,
+                                                    2000, 4000, 10000, 20000, 50000]).labels(*lv)
+        self.nixl_failed_transfers = counter(
+            "vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers."
+        ).labels(*lv)
+        counter("vllm:nixl_num_failed_notifications",
+                "Number of failed NIXL KV Cache notifications.").labels(*lv)
+        self.nixl_expired = counter(
+            "vllm:nixl_num_kv_expired_reqs", "Number of requests whose KV blocks expired unread."
+        ).labels(*lv)
+        counter("vllm:nixl_num_notifications_after_expiry",
+                "Number of notifications received after the KV blocks expired.").labels(*lv)
         info = cache_config_labels(profile, engine_index)
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
               list(info), registry=r, multiprocess_mode="mostrecent").labels(**info).set(1)
@@ -213,6 +234,9 @@ class SimMetrics(CoreListener):
             self.ttft.observe(now - req.arrival)
         elif req.last_token_at is not None:
             self.itl.observe(now - req.last_token_at)
+
+    def on_held_expired(self, req: SimRequest) -> None:
+        self.nixl_expired.inc()
 
     def on_finished(self, req: SimRequest) -> None:
         reason = req.finish_reason or "abort"
@@ -250,6 +274,12 @@ class SimMetrics(CoreListener):
         self.waiting_capacity.set(core.num_waiting())
         self.waiting_deferred.set(0)
         self.kv_usage.set(core.pool.usage())
+        fetching = sum(r.status is Status.WAITING_FOR_REMOTE_KVS for r in core.waiting)
+        fetched = sum(r.status is Status.WAITING and r.external_tokens > 0
+                      for r in core.waiting)
+        self.fetch_stage["waiting_to_start"].set(0)  # pulls start on arrival here
+        self.fetch_stage["in_progress"].set(fetching)
+        self.fetch_stage["completed_waiting"].set(fetched)
         return generate_latest(self.registry)
 
 

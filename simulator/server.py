@@ -351,13 +351,17 @@ class EngineServer:
         return _json(full_response(p, rid, int(time.time()), req, kv_out))
 
     def _kv_out(self, req: SimRequest) -> dict[str, Any] | None:
+        """What vLLM 0.32's NixlConnector answers on a prefill engine (block ids are given per
+        KV-cache group: one group here)."""
         if not req.do_remote_decode or req.request_id not in self.engine.core.held:
             return None
         return {"do_remote_prefill": True, "do_remote_decode": False,
-                "remote_block_ids": list(req.blocks),
+                "remote_block_ids": [list(req.blocks)],
                 "remote_engine_id": self.engine.engine_id,
                 "remote_request_id": req.request_id, "remote_host": self.host,
-                "remote_port": self.port, "tp_size": 1}
+                "remote_port": self.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
+                "remote_num_tokens": len(req.prompt_ids), "remote_blocks_expiry_time": None,
+                "transfer_mode": "pull", "remote_prefill_cached_tokens": req.prefix_hit_tokens}
 
     async def _stream(self, request: web.Request, p: ParsedRequest, rid: str,
                       req: SimRequest) -> web.StreamResponse:
