@@ -159,6 +159,17 @@ def all_pairs(bundles: dict[str, list[Path]]) -> tuple[str, dict[str, Any]]:
     return "\n".join(text), data
 
 
+def pooled_bundles(dirs: list[Path], label: str) -> list[Path]:
+    """A setting's finished runs from several campaigns, campaign by campaign, run by run."""
+    tag = label.replace(":", "-")
+    return [
+        b
+        for d in dirs
+        for b in sorted((d / "runs").glob(f"{tag}-*"), key=lambda x: int(x.name.rsplit("-", 1)[1]))
+        if (b / "machine.json").exists() and (b / "summary.json").exists()
+    ]
+
+
 def main(argv: list[str]) -> int:
     if "--" in argv:
         i = argv.index("--")
@@ -173,8 +184,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("routing-%H%M%S"))
+    p.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        help="run nothing: pair the runs of these earlier --out directories (same command), "
+        "in order, and print the per-run table and every paired comparison",
+    )
     args = p.parse_args(argv)
     settings = [cp.RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
+    if args.pool:
+        pooled = {s.label: pooled_bundles(args.pool, s.label) for s in settings}
+        print(per_run_table(pooled) + "\n\n" + all_pairs(pooled)[0])
+        return 0
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     bundles: dict[str, list[Path]] = {s.label: [] for s in settings}
