@@ -18,11 +18,22 @@ class Timing:
     tpot_s: float
 
 
-def _run_alone(core: EngineCore, lm: DeterministicLM, rid: str, prompt: list[int],
-               output_tokens: int, now: float) -> tuple[SimRequest, float]:
-    req = SimRequest(rid, prompt, GenerationParams(max_tokens=output_tokens, ignore_eos=True),
-                     arrival=now, lm_state=lm.context_state(prompt),
-                     ready_at=now + core.profile.request_overhead_s)
+def _run_alone(
+    core: EngineCore,
+    lm: DeterministicLM,
+    rid: str,
+    prompt: list[int],
+    output_tokens: int,
+    now: float,
+) -> tuple[SimRequest, float]:
+    req = SimRequest(
+        rid,
+        prompt,
+        GenerationParams(max_tokens=output_tokens, ignore_eos=True),
+        arrival=now,
+        lm_state=lm.context_state(prompt),
+        ready_at=now + core.profile.request_overhead_s,
+    )
     core.add_request(req)
     now = req.ready_at
     while not req.finished:
@@ -33,8 +44,13 @@ def _run_alone(core: EngineCore, lm: DeterministicLM, rid: str, prompt: list[int
     return req, now
 
 
-def predict(profile: Profile, tokenizer: Tokenizer, prompt_tokens: int, output_tokens: int,
-            cached_prefix_tokens: int = 0) -> Timing:
+def predict(
+    profile: Profile,
+    tokenizer: Tokenizer,
+    prompt_tokens: int,
+    output_tokens: int,
+    cached_prefix_tokens: int = 0,
+) -> Timing:
     """TTFT and TPOT of a request of `prompt_tokens` whose first `cached_prefix_tokens` were
     sent just before (so they sit in the prefix cache)."""
     lm = DeterministicLM(tokenizer.generatable, 0.0)

@@ -15,30 +15,58 @@ from simulator.profiles import DEFAULT_PROFILE, available_profiles, load_profile
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="fleet-proxy sim",
-        description="Run simulated vLLM 0.32 engines, each on its own port.")
+        prog="fleet-proxy sim", description="Run simulated vLLM 0.32 engines, each on its own port."
+    )
     p.add_argument("--engines", type=int, default=1, help="number of engines (default 1)")
-    p.add_argument("--base-port", type=int, default=8100,
-                   help="port of the first engine; the others follow (0: any free ports)")
+    p.add_argument(
+        "--base-port",
+        type=int,
+        default=8100,
+        help="port of the first engine; the others follow (0: any free ports)",
+    )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help=f"one of {', '.join(available_profiles())}, or a YAML file")
-    p.add_argument("--role", choices=[r.value for r in Role], default=Role.BOTH.value)
-    p.add_argument("--speed", type=float, default=1.0,
-                   help="engine clock speed relative to real time (default 1)")
+    p.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"one of {', '.join(available_profiles())}, or a YAML file",
+    )
+    p.add_argument(
+        "--role",
+        default=Role.BOTH.value,
+        help="prefill, decode or both (default) for every engine, or one per "
+        "engine separated by commas, e.g. prefill,decode,decode",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="engine clock speed relative to real time (default 1)",
+    )
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
     f = p.add_argument_group("faults (see docs/simulator.md; also settable at POST /_sim/faults)")
-    f.add_argument("--fault-engines", default="",
-                   help="comma-separated engine indexes the fault flags apply to (default all)")
+    f.add_argument(
+        "--fault-engines",
+        default="",
+        help="comma-separated engine indexes the fault flags apply to (default all)",
+    )
     f.add_argument("--fault-error-rate", type=float, help="fraction of requests answered 500")
     f.add_argument("--fault-slowdown", type=float, help="multiply every step's duration")
     f.add_argument("--fault-hang", action="store_true", help="accept but never answer")
-    f.add_argument("--fault-die-after-tokens", type=int,
-                   help="crash once a request has produced this many tokens")
-    f.add_argument("--fault-cut-stream-after-tokens", type=int,
-                   help="drop each stream's connection after this many tokens")
-    f.add_argument("--fault-recover-after", type=float,
-                   help="real seconds after a crash until the engine answers again")
+    f.add_argument(
+        "--fault-die-after-tokens",
+        type=int,
+        help="crash once a request has produced this many tokens",
+    )
+    f.add_argument(
+        "--fault-cut-stream-after-tokens",
+        type=int,
+        help="drop each stream's connection after this many tokens",
+    )
+    f.add_argument(
+        "--fault-recover-after",
+        type=float,
+        help="real seconds after a crash until the engine answers again",
+    )
     return p
 
 
@@ -54,13 +82,31 @@ def _fault_update(args: argparse.Namespace) -> dict[str, object]:
     return parse_fault_update({k: v for k, v in raw.items() if v is not None})
 
 
+def _roles(spec: str, engines: int) -> list[Role]:
+    roles = [Role(r.strip()) for r in spec.split(",")]
+    if len(roles) == 1:
+        return roles * engines
+    if len(roles) != engines:
+        raise ValueError(f"--role names {len(roles)} roles for {engines} engines")
+    return roles
+
+
 async def _serve(args: argparse.Namespace) -> int:
     fleet = await start_fleet(
-        args.engines, base_port=args.base_port, host=args.host, profile=args.profile,
-        role=args.role, speed=args.speed, model=args.model)
+        args.engines,
+        base_port=args.base_port,
+        host=args.host,
+        profile=args.profile,
+        role=_roles(args.role, args.engines),
+        speed=args.speed,
+        model=args.model,
+    )
     update = _fault_update(args)
-    targets = ({int(i) for i in args.fault_engines.split(",") if i.strip()}
-               if args.fault_engines else set(range(args.engines)))
+    targets = (
+        {int(i) for i in args.fault_engines.split(",") if i.strip()}
+        if args.fault_engines
+        else set(range(args.engines))
+    )
     for i, server in enumerate(fleet.engines):
         if update and i in targets:
             server.engine.faults.apply(update)
@@ -84,6 +130,7 @@ def main(argv: list[str]) -> int:
     try:
         load_profile(args.profile)
         _fault_update(args)
+        _roles(args.role, args.engines)
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -96,8 +96,9 @@ class EngineCore:
 
     def next_ready_at(self, now: float) -> float | None:
         """When the first waiting request that is not ready yet becomes ready."""
-        pending = [r.ready_at for r in self.waiting
-                   if r.status is Status.WAITING and r.ready_at > now]
+        pending = [
+            r.ready_at for r in self.waiting if r.status is Status.WAITING and r.ready_at > now
+        ]
         return min(pending) if pending else None
 
     def num_waiting(self) -> int:
@@ -208,8 +209,7 @@ class EngineCore:
 
         if not preempted:
             skipped: list[SimRequest] = []
-            while (self.waiting and budget > 0
-                   and len(self.running) < self.profile.max_num_seqs):
+            while self.waiting and budget > 0 and len(self.running) < self.profile.max_num_seqs:
                 req = self.waiting[0]
                 if req.status is Status.WAITING_FOR_REMOTE_KVS:
                     skipped.append(self.waiting.popleft())
@@ -235,8 +235,9 @@ class EngineCore:
 
         if not chunks:
             return None
-        duration = self.profile.step_time.duration(
-            new_tokens, context_tokens, pairs) * self.slowdown
+        duration = (
+            self.profile.step_time.duration(new_tokens, context_tokens, pairs) * self.slowdown
+        )
         step = Step(chunks, duration, new_tokens, context_tokens, n_prefill, n_decode, now)
         self.counters.steps += 1
         self.listener.on_step(step)
@@ -311,8 +312,7 @@ class EngineCore:
         if full <= req.num_cached_blocks:
             return
         if len(req.block_hashes) < full:
-            req.block_hashes = chain_hashes(req.all_token_ids(), self.block_size,
-                                            req.block_hashes)
+            req.block_hashes = chain_hashes(req.all_token_ids(), self.block_size, req.block_hashes)
         for b in range(req.num_cached_blocks, full):
             self.pool.cache(req.blocks[b], req.block_hashes[b])
         req.num_cached_blocks = full
@@ -344,8 +344,9 @@ class EngineCore:
                 finish, stop_reason = "stop", tok
             elif params.stop:
                 text, finish, stop_reason = self._check_stop_strings(req, text)
-        if finish is None and (n_out >= params.max_tokens
-                               or req.num_tokens >= self.profile.max_model_len):
+        if finish is None and (
+            n_out >= params.max_tokens or req.num_tokens >= self.profile.max_model_len
+        ):
             finish = "length"
         req.text_parts.append(text)
         if finish is None:
@@ -369,7 +370,7 @@ class EngineCore:
             if at >= 0:
                 end = at + len(s) if req.params.include_stop_str_in_output else at
                 # Text before the stop string was already emitted; drop what follows it.
-                return combined[len(before):end] if end > len(before) else "", "stop", s
+                return combined[len(before) : end] if end > len(before) else "", "stop", s
         return text, None, None
 
     def _finish(

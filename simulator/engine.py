@@ -135,9 +135,11 @@ class Engine:
             if self._session is None:
                 self._session = aiohttp.ClientSession()
             url = f"http://{kv['remote_host']}:{kv['remote_port']}/_sim/kv/pull"
-            payload = {"remote_request_id": kv.get("remote_request_id"),
-                       "remote_block_ids": kv.get("remote_block_ids"),
-                       "remote_engine_id": kv.get("remote_engine_id")}
+            payload = {
+                "remote_request_id": kv.get("remote_request_id"),
+                "remote_block_ids": kv.get("remote_block_ids"),
+                "remote_engine_id": kv.get("remote_engine_id"),
+            }
             timeout = aiohttp.ClientTimeout(total=10)
             posted = self.time.now()
             async with self._session.post(url, json=payload, timeout=timeout) as resp:

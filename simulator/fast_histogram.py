@@ -19,9 +19,15 @@ from prometheus_client.utils import floatToGoString
 
 
 class FastHistogram(Collector):
-    def __init__(self, name: str, documentation: str, label_names: Sequence[str],
-                 label_values: Sequence[str], buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        label_names: Sequence[str],
+        label_values: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
         self._name = name
         self._doc = documentation
         self._label_names = list(label_names)
@@ -44,7 +50,11 @@ class FastHistogram(Collector):
             cumulative += count
             buckets.append((floatToGoString(bound), float(cumulative)))  # type: ignore[no-untyped-call]
         family.add_metric(self._label_values, buckets, self._sum)
-        family.samples.append(Sample(f"{self._name}_created",
-                                     dict(zip(self._label_names, self._label_values,
-                                              strict=True)), self._created))
+        family.samples.append(
+            Sample(
+                f"{self._name}_created",
+                dict(zip(self._label_names, self._label_values, strict=True)),
+                self._created,
+            )
+        )
         yield family

@@ -58,8 +58,10 @@ def parse_fault_update(body: Any) -> dict[str, Any]:
         elif key == "slowdown":
             if not isinstance(value, int | float) or value <= 0:
                 raise ValueError("slowdown must be positive")
-        elif key == "recover_after_s" and value is not None and (
-            not isinstance(value, int | float) or value <= 0
+        elif (
+            key == "recover_after_s"
+            and value is not None
+            and (not isinstance(value, int | float) or value <= 0)
         ):
             raise ValueError("recover_after_s must be positive or null")
         out[key] = value
@@ -91,6 +93,9 @@ class FaultState:
 
     def stream_limit(self) -> int | None:
         """Tokens after which a stream is cut, by either fault."""
-        limits = [v for v in (self.settings.die_after_tokens,
-                              self.settings.cut_stream_after_tokens) if v is not None]
+        limits = [
+            v
+            for v in (self.settings.die_after_tokens, self.settings.cut_stream_after_tokens)
+            if v is not None
+        ]
         return min(limits) if limits else None

@@ -43,7 +43,9 @@ class SimFleet:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.close()
@@ -67,8 +69,7 @@ async def start_fleet(
     of a P/D transfer (kv_both), the role is what the fleet reports for routing.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    roles = ([Role(role)] * engines if isinstance(role, str | Role)
-             else [Role(r) for r in role])
+    roles = [Role(role)] * engines if isinstance(role, str | Role) else [Role(r) for r in role]
     if len(roles) != engines:
         raise ValueError(f"{len(roles)} roles given for {engines} engines")
     clock = time or ScaledTime(speed)
@@ -77,8 +78,13 @@ async def start_fleet(
     try:
         for i in range(engines):
             port = base_port + i if base_port else 0
-            engine = Engine(profile=prof, tokenizer=tok, time=clock, model_name=model,
-                            engine_id=f"sim-{i}-{port or 'auto'}")
+            engine = Engine(
+                profile=prof,
+                tokenizer=tok,
+                time=clock,
+                model_name=model,
+                engine_id=f"sim-{i}-{port or 'auto'}",
+            )
             server = EngineServer(engine, host, port, roles[i])
             await server.start()
             engine.engine_id = f"sim-{host}:{server.port}"

@@ -32,13 +32,23 @@ class ApiError(Exception):
         return error_body(self.message, self.status, self.param)
 
 
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-                503: "ServiceUnavailableError"}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"),
-                      "param": param, "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "Error"),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
 @dataclass(slots=True)
@@ -91,8 +101,9 @@ def chat_prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
     cont = bool(body.get("continue_final_message", False))
     add_gen = bool(body.get("add_generation_prompt", True))
     if cont and add_gen:
-        raise ApiError("Cannot set both `continue_final_message` and "
-                       "`add_generation_prompt` to True.")
+        raise ApiError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
     return tokenizer.apply_chat_template(pairs, add_gen, cont)
 
 
@@ -102,8 +113,10 @@ def completion_prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[in
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_bos=body.get("add_special_tokens", True) is not False)
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
         bad = [t for t in prompt if not 0 <= t < VOCAB_SIZE]
         if bad:
@@ -121,17 +134,23 @@ def parse_request(
         raise ApiError("the request body must be a JSON object")
     model = body.get("model", served_model)
     if model != served_model:
-        raise ApiError(f"The model `{model}` does not exist. Valid aliases: {served_model}.",
-                       status=404, param="model")
-    prompt_ids = (chat_prompt_ids(body, tokenizer) if kind == CHAT
-                  else completion_prompt_ids(body, tokenizer))
+        raise ApiError(
+            f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+            status=404,
+            param="model",
+        )
+    prompt_ids = (
+        chat_prompt_ids(body, tokenizer) if kind == CHAT else completion_prompt_ids(body, tokenizer)
+    )
     n_prompt = len(prompt_ids)
     if n_prompt >= max_model_len:  # no room for even one output token
         raise ApiError(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"prompt contains at least {n_prompt} input tokens, which exceeds this limit even "
             "without any output tokens. Please reduce the length of the input prompt. "
-            f"(parameter=input_tokens, value={n_prompt})", param="input_tokens")
+            f"(parameter=input_tokens, value={n_prompt})",
+            param="input_tokens",
+        )
     n = _get_int(body, "n")
     if n is not None and n != 1:
         raise ApiError("the simulator supports n=1 only", param="n")
@@ -148,7 +167,8 @@ def parse_request(
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
             f"maximum context length is {max_model_len} tokens and your request has "
             f"{n_prompt} input tokens ({max_tokens} > {max_model_len} - {n_prompt}).",
-            param="max_tokens")
+            param="max_tokens",
+        )
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
@@ -160,8 +180,9 @@ def parse_request(
     stream_options = body.get("stream_options") or {}
     stream = bool(body.get("stream", False))
     if stream_options and not stream:
-        raise ApiError("Stream options can only be defined when `stream=True`.",
-                       param="stream_options")
+        raise ApiError(
+            "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise ApiError("kv_transfer_params must be an object", param="kv_transfer_params")
@@ -174,7 +195,11 @@ def parse_request(
         min_tokens=_get_int(body, "min_tokens") or 0,
     )
     return ParsedRequest(
-        kind=kind, model=served_model, prompt_ids=prompt_ids, params=params, stream=stream,
+        kind=kind,
+        model=served_model,
+        prompt_ids=prompt_ids,
+        params=params,
+        stream=stream,
         include_usage=bool(stream_options.get("include_usage", False)),
         continuous_usage=bool(stream_options.get("continuous_usage_stats", False)),
         return_token_ids=bool(body.get("return_token_ids", False)),
@@ -193,9 +218,11 @@ def response_id(kind: str, base: str) -> str:
 
 def usage(prompt_tokens: int, completion_tokens: int, details: bool = True) -> dict[str, Any]:
     """Final usage; streamed usage chunks leave out the two detail fields."""
-    out: dict[str, Any] = {"prompt_tokens": prompt_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens,
-                           "completion_tokens": completion_tokens}
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
     if details:
         out["prompt_tokens_details"] = None
         out["completion_tokens_details"] = None
@@ -207,7 +234,10 @@ def system_fingerprint() -> str:
 
 
 def full_response(
-    p: ParsedRequest, rid: str, created: int, req: SimRequest,
+    p: ParsedRequest,
+    rid: str,
+    created: int,
+    req: SimRequest,
     kv_out: dict[str, Any] | None,
 ) -> dict[str, Any]:
     out_ids = req.output_ids if p.return_token_ids else None
@@ -216,25 +246,61 @@ def full_response(
     if p.kind == CHAT:
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": req.output_text, "refusal": None,
-                        "annotations": None, "audio": None, "function_call": None,
-                        "reasoning": None},
-            "logprobs": None, "finish_reason": req.finish_reason,
-            "stop_reason": req.stop_reason, "token_ids": out_ids, "routed_experts": None,
+            "message": {
+                "role": "assistant",
+                "content": req.output_text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "reasoning": None,
+            },
+            "logprobs": None,
+            "finish_reason": req.finish_reason,
+            "stop_reason": req.stop_reason,
+            "token_ids": out_ids,
+            "routed_experts": None,
         }
-        return {"id": rid, "object": "chat.completion", "created": created, "model": p.model,
-                "choices": [choice], "service_tier": None,
-                "system_fingerprint": system_fingerprint(), "usage": use,
-                "prompt_logprobs": None, "prompt_token_ids": prompt_ids, "prompt_text": None,
-                "kv_transfer_params": kv_out, "ec_transfer_params": None, "metrics": None}
-    choice = {"index": 0, "text": req.output_text, "logprobs": None,
-              "finish_reason": req.finish_reason, "stop_reason": req.stop_reason,
-              "token_ids": out_ids, "prompt_logprobs": None, "prompt_token_ids": prompt_ids,
-              "routed_experts": None}
-    return {"id": rid, "object": "text_completion", "created": created, "model": p.model,
-            "choices": [choice], "service_tier": None,
-            "system_fingerprint": system_fingerprint(), "usage": use,
-            "kv_transfer_params": kv_out, "ec_transfer_params": None, "metrics": None}
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": p.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": system_fingerprint(),
+            "usage": use,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt_ids,
+            "prompt_text": None,
+            "kv_transfer_params": kv_out,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+    choice = {
+        "index": 0,
+        "text": req.output_text,
+        "logprobs": None,
+        "finish_reason": req.finish_reason,
+        "stop_reason": req.stop_reason,
+        "token_ids": out_ids,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids,
+        "routed_experts": None,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": p.model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": system_fingerprint(),
+        "usage": use,
+        "kv_transfer_params": kv_out,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
 
 
 class ChunkWriter:
@@ -255,15 +321,24 @@ class ChunkWriter:
         assembled from bytes made once: this is the per-token hot path of every stream."""
         head = orjson.dumps(self._envelope([]))[: -len(b"[]}")]
         if self.p.kind == CHAT:
-            return (b"data: " + head + b'[{"index":0,"delta":{"content":',
-                    b'},"logprobs":null,"finish_reason":null')
-        return (b"data: " + head + b'[{"index":0,"text":',
-                b',"logprobs":null,"finish_reason":null,"stop_reason":null'
-                + (b',"prompt_token_ids":null' if self.p.return_token_ids else b""))
+            return (
+                b"data: " + head + b'[{"index":0,"delta":{"content":',
+                b'},"logprobs":null,"finish_reason":null',
+            )
+        return (
+            b"data: " + head + b'[{"index":0,"text":',
+            b',"logprobs":null,"finish_reason":null,"stop_reason":null'
+            + (b',"prompt_token_ids":null' if self.p.return_token_ids else b""),
+        )
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.rid, "object": self._obj, "created": self.created,
-                "model": self.p.model, "choices": choices}
+        return {
+            "id": self.rid,
+            "object": self._obj,
+            "created": self.created,
+            "model": self.p.model,
+            "choices": choices,
+        }
 
     def _with_usage(self, chunk: dict[str, Any]) -> dict[str, Any]:
         if self.p.include_usage and self.p.continuous_usage:
@@ -275,41 +350,66 @@ class ChunkWriter:
         if self.p.kind != CHAT:
             return None
         self._first = False
-        chunk = self._envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                 "logprobs": None, "finish_reason": None}])
+        chunk = self._envelope(
+            [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
         if self.p.return_token_ids:
             chunk["prompt_token_ids"] = self.prompt_ids
             chunk["prompt_text"] = None
         return self._with_usage(chunk)
 
-    def tokens(self, token_ids: list[int], text: str, finish_reason: str | None,
-               stop_reason: int | str | None) -> dict[str, Any]:
+    def tokens(
+        self,
+        token_ids: list[int],
+        text: str,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+    ) -> dict[str, Any]:
         self.completion_tokens += len(token_ids)
         choice: dict[str, Any]
         if self.p.kind == CHAT:
             delta = {"content": text} if (text or not finish_reason) else {}
-            choice = {"index": 0, "delta": delta, "logprobs": None,
-                      "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             if finish_reason is not None:
                 choice["stop_reason"] = stop_reason
             if self.p.return_token_ids:
                 choice["token_ids"] = token_ids
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": finish_reason, "stop_reason": stop_reason}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
             if self.p.return_token_ids:
                 choice["prompt_token_ids"] = self.prompt_ids if self._first else None
                 choice["token_ids"] = token_ids
         self._first = False
         return self._with_usage(self._envelope([choice]))
 
-    def token_bytes(self, token_ids: list[int], text: str, finish_reason: str | None,
-                    stop_reason: int | str | None) -> bytes:
+    def token_bytes(
+        self,
+        token_ids: list[int],
+        text: str,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+    ) -> bytes:
         """The SSE event for new tokens: `tokens()` serialised, by a faster path when the
         chunk is a plain middle one."""
-        if finish_reason is not None or self.p.continuous_usage or (
-            self._first and (self.p.kind != CHAT or self.p.return_token_ids)
-        ) or (not text and self.p.kind == CHAT):
+        if (
+            finish_reason is not None
+            or self.p.continuous_usage
+            or (self._first and (self.p.kind != CHAT or self.p.return_token_ids))
+            or (not text and self.p.kind == CHAT)
+        ):
             return sse(self.tokens(token_ids, text, finish_reason, stop_reason))
         self.completion_tokens += len(token_ids)
         self._first = False

@@ -27,14 +27,17 @@ class StepTime:
     per_context_token_s: float
     per_attention_pair_s: float = 0.0
 
-    def duration(self, new_tokens: int, context_tokens: int,
-                 attention_pairs: float = 0.0) -> float:
+    def duration(self, new_tokens: int, context_tokens: int, attention_pairs: float = 0.0) -> float:
         """Seconds for one engine step computing `new_tokens` (prefill chunks + one per decode)
         over `context_tokens` already-cached tokens of the scheduled requests, with
         `attention_pairs` (query, key) pairs of attention: sum of n * (cached + n / 2)."""
         compute = max(self.weight_read_s, new_tokens * self.per_token_compute_s)
-        return (self.base_s + compute + context_tokens * self.per_context_token_s
-                + attention_pairs * self.per_attention_pair_s)
+        return (
+            self.base_s
+            + compute
+            + context_tokens * self.per_context_token_s
+            + attention_pairs * self.per_attention_pair_s
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,16 +94,16 @@ class EngineServer:
         r.add_post("/_sim/kv/pull", self._kv_pull)
         # handler_cancellation: a client that disconnects cancels its handler at once, which
         # aborts its request in the engine (vLLM does the same on disconnect).
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                                     shutdown_timeout=0.5)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5
+        )
         await self._runner.setup()
         await self._listen()
         self.engine.start()
 
     async def _listen(self) -> None:
         assert self._runner is not None
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True,
-                           backlog=4096)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, backlog=4096)
         await site.start()
         self._site = site
         if self.port == 0:
@@ -138,7 +138,8 @@ class EngineServer:
         self.engine.reset()
         if recover_after_s is not None:
             self._recover_task = asyncio.get_running_loop().create_task(
-                self._recover_later(recover_after_s))
+                self._recover_later(recover_after_s)
+            )
 
     async def _recover_later(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -161,8 +162,7 @@ class EngineServer:
 
     # ---- middleware -------------------------------------------------------------------------
     @web.middleware
-    async def _hang_middleware(self, request: web.Request, handler: _Handler
-                               ) -> web.StreamResponse:
+    async def _hang_middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         if not request.path.startswith("/_sim/"):
             await self.engine.faults.unhung.wait()
         return await handler(request)
@@ -177,16 +177,38 @@ class EngineServer:
     async def _models(self, request: web.Request) -> web.Response:
         name = self.engine.model_name
         created = int(time.time())
-        return _json({"object": "list", "data": [{
-            "id": name, "object": "model", "created": created, "owned_by": "vllm",
-            "root": name, "parent": None, "max_model_len": self.engine.profile.max_model_len,
-            "permission": [{
-                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                "created": created, "allow_create_engine": False, "allow_sampling": True,
-                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                "allow_fine_tuning": False, "organization": "*", "group": None,
-                "is_blocking": False}],
-        }]})
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "vllm",
+                        "root": name,
+                        "parent": None,
+                        "max_model_len": self.engine.profile.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{uuid.uuid4().hex}",
+                                "object": "model_permission",
+                                "created": created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
 
     async def _load(self, request: web.Request) -> web.Response:
         return _json({"server_load": self.in_flight})
@@ -208,8 +230,13 @@ class EngineServer:
             if not isinstance(body, dict):
                 raise ApiError("the request body must be a JSON object")
             if "messages" in body:
-                ids = parse_request(CHAT, {**body, "model": self.engine.model_name}, tok,
-                                    self.engine.model_name, 1 << 62).prompt_ids
+                ids = parse_request(
+                    CHAT,
+                    {**body, "model": self.engine.model_name},
+                    tok,
+                    self.engine.model_name,
+                    1 << 62,
+                ).prompt_ids
             else:
                 prompt = body.get("prompt")
                 if not isinstance(prompt, str):
@@ -218,8 +245,14 @@ class EngineServer:
         except ApiError as e:
             return _json(e.body(), e.status)
         strs = [tok.piece(t) for t in ids] if body.get("return_token_strs") else None
-        return _json({"count": len(ids), "max_model_len": self.engine.profile.max_model_len,
-                      "tokens": ids, "token_strs": strs})
+        return _json(
+            {
+                "count": len(ids),
+                "max_model_len": self.engine.profile.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         try:
@@ -267,28 +300,47 @@ class EngineServer:
         return _json(self.engine.faults.settings.to_json())
 
     async def _clear_faults(self, request: web.Request) -> web.Response:
-        self.engine.faults.apply({"hang": False, "error_rate": 0.0, "slowdown": 1.0,
-                                  "die_after_tokens": None, "cut_stream_after_tokens": None,
-                                  "recover_after_s": None})
+        self.engine.faults.apply(
+            {
+                "hang": False,
+                "error_rate": 0.0,
+                "slowdown": 1.0,
+                "die_after_tokens": None,
+                "cut_stream_after_tokens": None,
+                "recover_after_s": None,
+            }
+        )
         return _json(self.engine.faults.settings.to_json())
 
     async def _state(self, request: web.Request) -> web.Response:
         core = self.engine.core
         c = core.counters
-        return _json({
-            "engine_id": self.engine.engine_id, "role": str(self.role),
-            "running": len(core.running), "waiting": core.num_waiting(),
-            "kv_usage": core.pool.usage(), "free_blocks": core.pool.num_free,
-            "num_blocks": core.pool.num_blocks, "held_for_transfer": len(core.held),
-            "in_flight": self.in_flight, "steps": c.steps, "preemptions": c.preemptions,
-            "prefix_queries": c.prefix_queries, "prefix_hits": c.prefix_hits,
-            "generation_tokens": c.generation_tokens,
-            "finished": c.finished, "lag_fraction": self.engine.lag_fraction(),
-            "planned_busy_s": self.engine.planned_busy, "actual_busy_s": self.engine.actual_busy,
-            "engine_time": self.engine.now(), "real_time": self.engine.time.now(),
-            "behind_s": self.engine.behind(),
-            "faults": self.engine.faults.settings.to_json(),
-        })
+        return _json(
+            {
+                "engine_id": self.engine.engine_id,
+                "role": str(self.role),
+                "running": len(core.running),
+                "waiting": core.num_waiting(),
+                "kv_usage": core.pool.usage(),
+                "free_blocks": core.pool.num_free,
+                "num_blocks": core.pool.num_blocks,
+                "held_for_transfer": len(core.held),
+                "in_flight": self.in_flight,
+                "steps": c.steps,
+                "preemptions": c.preemptions,
+                "prefix_queries": c.prefix_queries,
+                "prefix_hits": c.prefix_hits,
+                "generation_tokens": c.generation_tokens,
+                "finished": c.finished,
+                "lag_fraction": self.engine.lag_fraction(),
+                "planned_busy_s": self.engine.planned_busy,
+                "actual_busy_s": self.engine.actual_busy,
+                "engine_time": self.engine.now(),
+                "real_time": self.engine.time.now(),
+                "behind_s": self.engine.behind(),
+                "faults": self.engine.faults.settings.to_json(),
+            }
+        )
 
     async def _kv_pull(self, request: web.Request) -> web.Response:
         try:
@@ -312,8 +364,9 @@ class EngineServer:
         engine = self.engine
         try:
             body = await self._read_json(request)
-            p = parse_request(kind, body, engine.tokenizer, engine.model_name,
-                              engine.profile.max_model_len)
+            p = parse_request(
+                kind, body, engine.tokenizer, engine.model_name, engine.profile.max_model_len
+            )
         except ApiError as e:
             return _json(e.body(), e.status)
         if engine.faults.should_error():
@@ -355,16 +408,26 @@ class EngineServer:
         KV-cache group: one group here)."""
         if not req.do_remote_decode or req.request_id not in self.engine.core.held:
             return None
-        return {"do_remote_prefill": True, "do_remote_decode": False,
-                "remote_block_ids": [list(req.blocks)],
-                "remote_engine_id": self.engine.engine_id,
-                "remote_request_id": req.request_id, "remote_host": self.host,
-                "remote_port": self.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
-                "remote_num_tokens": len(req.prompt_ids), "remote_blocks_expiry_time": None,
-                "transfer_mode": "pull", "remote_prefill_cached_tokens": req.prefix_hit_tokens}
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [list(req.blocks)],
+            "remote_engine_id": self.engine.engine_id,
+            "remote_request_id": req.request_id,
+            "remote_host": self.host,
+            "remote_port": self.port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": len(req.prompt_ids),
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": req.prefix_hit_tokens,
+        }
 
-    async def _stream(self, request: web.Request, p: ParsedRequest, rid: str,
-                      req: SimRequest) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, p: ParsedRequest, rid: str, req: SimRequest
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
         writer = ChunkWriter(p, rid, req.prompt_ids)
@@ -394,8 +457,10 @@ class EngineServer:
         except ConnectionResetError:
             return resp  # the client went away mid-write; the request is aborted on exit
         except _StreamCut:
-            if faults.settings.die_after_tokens is not None and \
-                    writer.completion_tokens >= faults.settings.die_after_tokens:
+            if (
+                faults.settings.die_after_tokens is not None
+                and writer.completion_tokens >= faults.settings.die_after_tokens
+            ):
                 self._crash_soon()
             if request.transport is not None:
                 request.transport.abort()

@@ -29,8 +29,13 @@ BOS_ID = 1
 EOS_ID = 2
 HEADER_START_ID = 3
 HEADER_END_ID = 4
-SPECIAL_TOKENS = ("<pad>", "<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>",
-                  "<|end_header_id|>")
+SPECIAL_TOKENS = (
+    "<pad>",
+    "<|begin_of_text|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+)
 BYTE_BASE = len(SPECIAL_TOKENS)
 PIECE_BASE = BYTE_BASE + 256
 

@@ -28,6 +28,8 @@ async def test_cli_serves_engines_until_sigterm(http: aiohttp.ClientSession):
         "cpu-tiny",
         "--model",
         "tiny-sim",
+        "--role",
+        "prefill,decode",
         "--fault-engines",
         "1",
         "--fault-error-rate",
@@ -49,6 +51,8 @@ async def test_cli_serves_engines_until_sigterm(http: aiohttp.ClientSession):
         assert status == 500  # the fault flag applied to engine 1 only
         async with http.get(urls[0] + "/metrics") as r:
             assert 'block_size="128"' in await r.text()
+        async with http.get(urls[1] + "/_sim/state") as r:
+            assert (await r.json())["role"] == "decode"
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)

@@ -138,8 +138,14 @@ async def test_replayed_requests_answer_with_the_same_shapes(
         assert sim[name][3] == buckets, name
 
 
-PD_NEEDED = ("pd_manifest.json", "pd_prefill.json", "pd_decode.json", "pd_decode_stream.txt",
-             "pd_prefill_metrics.txt", "pd_decode_metrics.txt")
+PD_NEEDED = (
+    "pd_manifest.json",
+    "pd_prefill.json",
+    "pd_decode.json",
+    "pd_decode_stream.txt",
+    "pd_prefill_metrics.txt",
+    "pd_decode_metrics.txt",
+)
 PD_MISSING = [name for name in PD_NEEDED if not (GOLDEN / name).exists()]
 
 
@@ -148,18 +154,26 @@ def _family_differences(real_page: str, sim_page: str) -> list[str]:
     out = [f"missing {name}" for name in sorted(set(real) - set(sim))]
     for name, (kind, labels, values, buckets) in real.items():
         if name in sim and sim[name] != (kind, labels, values, buckets):
-            out.append(f"differs {name}: real {(kind, labels, values, buckets)} "
-                       f"sim {sim[name]}")
+            out.append(f"differs {name}: real {(kind, labels, values, buckets)} sim {sim[name]}")
     return out
 
 
-@pytest.mark.skipif(bool(PD_MISSING), reason=f"P/D captures missing in {GOLDEN}: "
-                    f"{', '.join(PD_MISSING)}")
+@pytest.mark.skipif(
+    bool(PD_MISSING), reason=f"P/D captures missing in {GOLDEN}: {', '.join(PD_MISSING)}"
+)
 async def test_pd_legs_answer_with_the_same_shapes(tokenizer: Tokenizer) -> None:
     pd = json.loads((GOLDEN / "pd_manifest.json").read_text())
-    async with await start_fleet(2, profile="cpu-tiny", model="tiny", speed=20,
-                                 role=["prefill", "decode"],
-                                 tokenizer=tokenizer) as fleet, aiohttp.ClientSession() as http:
+    async with (
+        await start_fleet(
+            2,
+            profile="cpu-tiny",
+            model="tiny",
+            speed=20,
+            role=["prefill", "decode"],
+            tokenizer=tokenizer,
+        ) as fleet,
+        aiohttp.ClientSession() as http,
+    ):
         prefill_url, decode_url = fleet.urls
 
         async def leg(url: str, name: str, kv: dict[str, Any] | None = None) -> str:
@@ -172,8 +186,10 @@ async def test_pd_legs_answer_with_the_same_shapes(tokenizer: Tokenizer) -> None
                 assert r.headers["Content-Type"] == entry["headers"]["content-type"], name
                 return await r.text()
 
-        for prefill_name, decode_name in (("pd_prefill.json", "pd_decode.json"),
-                                          ("pd_prefill_for_stream.json", "pd_decode_stream.txt")):
+        for prefill_name, decode_name in (
+            ("pd_prefill.json", "pd_decode.json"),
+            ("pd_prefill_for_stream.json", "pd_decode_stream.txt"),
+        ):
             first = orjson.loads(await leg(prefill_url, prefill_name))
             if (GOLDEN / prefill_name).exists():
                 assert shape(first) == shape(json.loads((GOLDEN / prefill_name).read_text()))
@@ -194,7 +210,11 @@ async def test_pd_legs_answer_with_the_same_shapes(tokenizer: Tokenizer) -> None
     assert not _family_differences((GOLDEN / "pd_prefill_metrics.txt").read_text(), pages[0])
     assert not _family_differences((GOLDEN / "pd_decode_metrics.txt").read_text(), pages[1])
     # The decode engine counted the pulled prompt as transferred, as vLLM does.
-    transferred = [s.value for f in text_string_to_metric_families(pages[1]) for s in f.samples
-                   if s.name == "vllm:prompt_tokens_by_source_total"
-                   and s.labels["source"] == "external_kv_transfer"]
+    transferred = [
+        s.value
+        for f in text_string_to_metric_families(pages[1])
+        for s in f.samples
+        if s.name == "vllm:prompt_tokens_by_source_total"
+        and s.labels["source"] == "external_kv_transfer"
+    ]
     assert transferred == [600.0]

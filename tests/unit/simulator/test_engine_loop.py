@@ -96,8 +96,9 @@ class LateTime(ManualTime):
 
 
 async def _timed_run(tokenizer: Tokenizer, clock: ManualTime) -> tuple[Engine, SimRequest]:
-    engine = Engine(profile=small_profile(), tokenizer=tokenizer, time=clock,
-                    model_name="m", engine_id="e0")
+    engine = Engine(
+        profile=small_profile(), tokenizer=tokenizer, time=clock, model_name="m", engine_id="e0"
+    )
     engine.start()
     try:
         req = engine.new_request("r1", list(range(10, 22)), GenerationParams(max_tokens=20))

@@ -59,3 +59,5 @@ def test_cli_defaults_and_rejections() -> None:
     assert main(["--profile", "no-such-profile"]) == 2
     assert main(["--engines", "0"]) == 2
     assert main(["--fault-error-rate", "3"]) == 2
+    assert main(["--engines", "2", "--role", "prefill,decode,decode"]) == 2
+    assert main(["--role", "router"]) == 2
