@@ -92,10 +92,11 @@ def test_chat_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: Tier) -
 def test_streamed_completion_with_usage(proxy: Proxy, tier: Tier) -> None:
     client = sdk(proxy)
     prompt = "Write a story about the quiet city"
-    whole = client.completions.create(
+    raw = client.completions.with_raw_response.create(
         model=tier.model, prompt=prompt, max_tokens=MAX_TOKENS, extra_body=EXTRA, **GREEDY
     )
-    stream = client.completions.create(
+    whole = raw.parse()
+    with client.completions.with_streaming_response.create(
         model=tier.model,
         prompt=prompt,
         max_tokens=MAX_TOKENS,
@@ -103,16 +104,20 @@ def test_streamed_completion_with_usage(proxy: Proxy, tier: Tier) -> None:
         **GREEDY,
         stream=True,
         stream_options={"include_usage": True},
-    )
-    pieces, usage, chunks = [], None, 0
-    for chunk in stream:
-        chunks += 1
-        if chunk.choices:
-            pieces.append(chunk.choices[0].text)
-        if chunk.usage is not None:
-            usage = chunk.usage
+    ) as response:
+        pieces, usage, chunks = [], None, 0
+        for chunk in response.parse():
+            chunks += 1
+            if chunk.choices:
+                pieces.append(chunk.choices[0].text)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        streamed_by = response.headers["x-fleet-backend"]
     assert chunks > 2, "a stream of one chunk would not show streaming"
-    assert "".join(pieces) == whole.choices[0].text
+    assert "".join(pieces) == whole.choices[0].text, (
+        f"streamed by {streamed_by}: {pieces!r}; "
+        f"whole by {raw.headers['x-fleet-backend']}: {whole.choices[0].text!r}"
+    )
     assert usage is not None, "stream_options.include_usage must yield a usage chunk"
     assert usage.completion_tokens == MAX_TOKENS
     assert whole.usage is not None and usage.prompt_tokens == whole.usage.prompt_tokens
