@@ -342,36 +342,45 @@ class EngineCore:
                 finish = "stop"
             elif params.stop_token_ids and tok in params.stop_token_ids:
                 finish, stop_reason = "stop", tok
-            elif params.stop:
-                text, finish, stop_reason = self._check_stop_strings(req, text)
         if finish is None and (
             n_out >= params.max_tokens or req.num_tokens >= self.profile.max_model_len
         ):
             finish = "length"
-        req.text_parts.append(text)
+        if params.stop:
+            text, finish, stop_reason = self._stop_strings(req, text, finish, stop_reason)
+        else:
+            req.text_parts.append(text)
         if finish is None:
             req.stream.put(TokenEvent([tok], text))
             return
         self.running.remove(req)
         self._finish(req, finish, stop_reason, now, TokenEvent([tok], text))
 
-    def _check_stop_strings(self, req: SimRequest, text: str) -> tuple[str, str | None, str | None]:
-        longest = max(len(s) for s in req.params.stop)
-        # Only the tail of the text so far can hold the start of a stop string.
-        before = ""
-        for part in reversed(req.text_parts):
-            if len(before) >= longest:
-                break
-            before = part + before
-        combined = before + text
-        window_start = max(0, len(before) - longest + 1)
-        for s in req.params.stop:
-            at = combined.find(s, window_start)
-            if at >= 0:
-                end = at + len(s) if req.params.include_stop_str_in_output else at
-                # Text before the stop string was already emitted; drop what follows it.
-                return combined[len(before) : end] if end > len(before) else "", "stop", s
-        return text, None, None
+    def _stop_strings(
+        self, req: SimRequest, text: str, finish: str | None, stop_reason: int | str | None
+    ) -> tuple[str, str | None, int | str | None]:
+        """Cut the output at a stop string and hold back text that could begin one, as vLLM's
+        detokenizer does, so a stream never shows part of a stop string. Returns the text
+        to send now, and the finish reason (a stop string wins over length)."""
+        params = req.params
+        longest = max(len(s) for s in params.stop)
+        before = req.output_text
+        full = before + text
+        if len(req.output_ids) >= params.min_tokens and (finish is None or finish == "length"):
+            # Only a stop string that ends in the new text can be new.
+            start = max(0, len(before) - longest + 1)
+            found = [(at, s) for s in params.stop if (at := full.find(s, start)) >= 0]
+            if found:
+                at, s = min(found)
+                full = full[: at + len(s) if params.include_stop_str_in_output else at]
+                finish, stop_reason = "stop", s
+        req.text_parts = [full]
+        upto = (
+            len(full) if finish is not None else max(req.emitted_chars, len(full) - (longest - 1))
+        )
+        out = full[req.emitted_chars : upto]
+        req.emitted_chars = upto
+        return out, finish, stop_reason
 
     def _finish(
         self,

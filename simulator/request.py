@@ -84,6 +84,7 @@ class SimRequest:
     ready_at: float = 0.0  # when the scheduler may first take it (arrival + API overhead)
     output_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)  # output text, one piece per token
+    emitted_chars: int = 0  # output text already streamed (requests with stop strings)
     num_tokens: int = -1  # prompt + outputs, kept up to date by the engine core
     status: Status = Status.WAITING
     num_computed: int = 0

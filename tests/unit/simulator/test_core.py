@@ -183,3 +183,29 @@ def test_decode_side_skips_prefill_after_pull_or_recomputes(
     assert first == [(decode, 1 if pulled else len(prompt))]
     sim.run()
     assert decode.output_ids == expected
+
+
+def _streamed_text(req: SimRequest) -> str:
+    text = "".join(ev.text for ev in req.stream._events)
+    req.stream._events.clear()
+    return text
+
+
+def test_stop_string_across_tokens_is_never_streamed_in_part(tokenizer: Tokenizer) -> None:
+    prompt = [21, 22, 23]
+    full = _alone(tokenizer, prompt, 8)
+    pieces = [tokenizer.token_str(t) for t in full]
+    stop = pieces[3][-2:] + pieces[4][:2]  # spans the 4th and 5th tokens
+    expected = "".join(pieces)[: len("".join(pieces[:4])) - 2]
+    assert stop not in "".join(pieces[:4])
+    h = CoreHarness(tokenizer, num_gpu_blocks=256)
+    req = h.request(prompt, max_tokens=8, stop=(stop,))
+    streamed = ""
+    while not req.finished:
+        h.step()
+        streamed += _streamed_text(req)
+        # What has been sent is never taken back: always a prefix of the final text.
+        assert expected.startswith(streamed)
+    assert req.finish_reason == "stop" and req.stop_reason == stop
+    assert streamed == req.output_text == expected
+    assert len(req.output_ids) == 5
