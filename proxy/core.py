@@ -62,8 +62,10 @@ class ProxyCore:
             connector=connector,
             # Relay bytes exactly as the backend sent them.
             auto_decompress=False,
+            # sock_connect, not connect: aiohttp's `connect` also counts the wait for a pooled
+            # connection, which is this proxy's own queueing, not a backend failing to answer.
             timeout=aiohttp.ClientTimeout(
-                total=None, connect=s.connect_timeout, sock_read=s.read_timeout
+                total=None, sock_connect=s.connect_timeout, sock_read=s.read_timeout
             ),
             skip_auto_headers=("User-Agent",),
         )

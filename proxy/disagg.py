@@ -86,9 +86,10 @@ async def run_prefill_leg(
         if not isinstance(params, dict):
             raise PrefillFailed("bad_response", f"{prefill.id} returned no kv_transfer_params")
         return params
+    except aiohttp.ClientError as e:
+        # Before TimeoutError: aiohttp's connect and read timeouts are both.
+        raise PrefillFailed("connect", f"{prefill.id}: {type(e).__name__}: {e}") from None
     except TimeoutError:
         raise PrefillFailed("timeout", f"{prefill.id} took over {limit_s:g}s") from None
-    except aiohttp.ClientError as e:
-        raise PrefillFailed("connect", f"{prefill.id}: {type(e).__name__}: {e}") from None
     finally:
         dispatch.release()

@@ -20,7 +20,6 @@ def fast_settings(backends: list[str], **extra: Any) -> Settings:
         "scrape_interval": 0.05,
         "health_interval": 0.1,
         "stale_after": 1.0,
-        "connect_timeout": 1.0,
     }
     base.update(extra)
     return load_settings(base)
