@@ -300,19 +300,51 @@ def warm_kv_path(prefill: Engine, decode: Engine, tries: int = 3) -> None:
     )
 
 
-def stop_engine(engine: Engine, grace: float = 20.0) -> None:
-    if not is_our_engine(engine.pid):
+def group_members(pgid: int) -> list[int]:
+    """PIDs in process group `pgid` (an engine's API server, engine core, worker, ...)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # fields: state, ppid, pgrp, ...
+            members.append(int(stat.parent.name))
+    return members
+
+
+def is_engine_group(pgid: int) -> bool:
+    """Whether group `pgid` still holds vLLM processes: the server may be gone while its
+    engine core lingers, and a reused PID must not be killed."""
+    for pid in group_members(pgid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"vllm" in cmdline.lower():
+            return True
+    return False
+
+
+def stop_engine(engine: Engine, launched_here: bool = False, grace: float = 20.0) -> None:
+    """End the engine's process group. `launched_here`: we just started it, so its PID is
+    surely ours even if it has not exec'ed vLLM yet."""
+    pgid = engine.pid
+    if not launched_here and not is_engine_group(pgid):
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(engine.pid, signal.SIGTERM)
+        os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while is_our_engine(engine.pid) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pgid, os.WNOHANG)  # reap our own child, or it lingers as a zombie
+        if not group_members(pgid):
+            return
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(engine.pid, signal.SIGKILL)
-    # Reap it if it is our child (a start that failed half-way); harmless otherwise.
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(engine.pid, os.WNOHANG)
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, 0)
 
 
 def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierState:
@@ -333,7 +365,7 @@ def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierSt
             f"NIXL is not installed in {venv}: run scripts/real_vllm/prepare.sh --with-nixl"
         )
     old = read_state(path)
-    if old and any(is_our_engine(e.pid) for e in old.engines):
+    if old and any(is_engine_group(e.pid) for e in old.engines):
         raise TierError(f"engines from {path} still run: run `engines.py stop` first")
     for attempt in range(1, 4):
         try:
@@ -369,7 +401,7 @@ def start_once(
             warm_kv_path(state.engines[0], state.engines[1])
     except BaseException:
         for engine in state.engines:
-            stop_engine(engine)
+            stop_engine(engine, launched_here=True)
         path.unlink(missing_ok=True)
         raise
     return state

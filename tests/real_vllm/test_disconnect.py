@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ MAX_TOKENS = 3000  # far more than can be generated in the second the engine has
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 def test_disconnect_mid_stream_frees_the_engine(proxy: Proxy, tier: Tier, endpoint: str) -> None:
+    body: dict[str, Any]
     if endpoint == "/v1/completions":
         body = {"model": tier.model, "prompt": "Tell me a long story about the river"}
     else:

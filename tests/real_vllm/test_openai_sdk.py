@@ -11,15 +11,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.real_vllm.tier import Proxy, Tier
 
 pytestmark = pytest.mark.real_vllm
 
 MAX_TOKENS = 16
-GREEDY: dict[str, Any] = {"temperature": 0.0}
+GREEDY = 0.0  # temperature
 EXTRA = {"ignore_eos": True}  # exact lengths: a random model may otherwise hit EOS early
-MESSAGES = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are brief."},
     {"role": "user", "content": "Tell me about the river and the mountain."},
 ]
@@ -43,7 +44,7 @@ def test_completion_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: T
         prompt="The router sends the request to",
         max_tokens=MAX_TOKENS,
         extra_body=EXTRA,
-        **GREEDY,
+        temperature=GREEDY,
     )
     completion = raw.parse()
     backend_id = raw.headers["x-fleet-backend"]
@@ -61,7 +62,7 @@ def test_completion_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: T
             "model": tier.model,
             "prompt": "The router sends the request to",
             "max_tokens": MAX_TOKENS,
-            **GREEDY,
+            "temperature": GREEDY,
             **EXTRA,
         },
     )
@@ -73,9 +74,9 @@ def test_chat_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: Tier) -
     raw = sdk(proxy).chat.completions.with_raw_response.create(
         model=tier.model,
         messages=MESSAGES,
-        max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
         extra_body=EXTRA,
-        **GREEDY,
+        temperature=GREEDY,
     )
     chat = raw.parse()
     assert chat.usage is not None and chat.usage.completion_tokens == MAX_TOKENS
@@ -84,7 +85,13 @@ def test_chat_through_proxy_equals_the_engine_answer(proxy: Proxy, tier: Tier) -
         tier,
         raw.headers["x-fleet-backend"],
         "/v1/chat/completions",
-        {"model": tier.model, "messages": MESSAGES, "max_tokens": MAX_TOKENS, **GREEDY, **EXTRA},
+        {
+            "model": tier.model,
+            "messages": MESSAGES,
+            "max_tokens": MAX_TOKENS,
+            "temperature": GREEDY,
+            **EXTRA,
+        },
     )
     assert chat.choices[0].message.content == engine_answer["choices"][0]["message"]["content"]
 
@@ -93,7 +100,7 @@ def test_streamed_completion_with_usage(proxy: Proxy, tier: Tier) -> None:
     client = sdk(proxy)
     prompt = "Write a story about the quiet city"
     raw = client.completions.with_raw_response.create(
-        model=tier.model, prompt=prompt, max_tokens=MAX_TOKENS, extra_body=EXTRA, **GREEDY
+        model=tier.model, prompt=prompt, max_tokens=MAX_TOKENS, extra_body=EXTRA, temperature=GREEDY
     )
     whole = raw.parse()
     with client.completions.with_streaming_response.create(
@@ -101,7 +108,7 @@ def test_streamed_completion_with_usage(proxy: Proxy, tier: Tier) -> None:
         prompt=prompt,
         max_tokens=MAX_TOKENS,
         extra_body=EXTRA,
-        **GREEDY,
+        temperature=GREEDY,
         stream=True,
         stream_options={"include_usage": True},
     ) as response:
@@ -128,16 +135,16 @@ def test_streamed_chat_with_usage(proxy: Proxy, tier: Tier) -> None:
     whole = client.chat.completions.create(
         model=tier.model,
         messages=MESSAGES,
-        max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
         extra_body=EXTRA,
-        **GREEDY,
+        temperature=GREEDY,
     )
     stream = client.chat.completions.create(
         model=tier.model,
         messages=MESSAGES,
-        max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
         extra_body=EXTRA,
-        **GREEDY,
+        temperature=GREEDY,
         stream=True,
         stream_options={"include_usage": True},
     )

@@ -101,8 +101,10 @@ def load_tier(state_file: Path, mode: str) -> Tier:
         except httpx.HTTPError:
             ok = False
         if not ok:
+            how_to = HOW_TO_PD if mode == "pd_nixl" else HOW_TO
             unavailable(
-                f"engine {e.name} at {e.url} does not answer /health (log: {e.log}); {HOW_TO}"
+                f"engine {e.name} at {e.url} does not answer /health (log: {e.log}); {how_to}",
+                mode,
             )
     return Tier(engines, raw["served_model_name"], Path(raw["model_dir"]), raw["max_model_len"])
 
