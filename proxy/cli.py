@@ -80,6 +80,10 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
         access_log=False,
         log_level=settings.log_level,
         backlog=4096,
+        # The proxy does not use the client address, so X-Forwarded-* parsing is wasted work
+        # on every request; and it does not advertise its server software.
+        proxy_headers=False,
+        server_header=False,
     )
     return 0
 

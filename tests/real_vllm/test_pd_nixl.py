@@ -4,14 +4,17 @@ generates; greedy output must equal an ordinary run of the same request."""
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from tests.real_vllm.tier import Tier, engine_metric, engine_samples
+from tests.real_vllm.tier import Tier, engine_metric, engine_samples, start_proxy
 
 pytestmark = pytest.mark.real_vllm
 
@@ -78,3 +81,88 @@ def test_two_step_pd_equals_an_aggregated_run(pd_tier: Tier) -> None:
     nixl = {name for name, _, _ in engine_samples(decode.url) if name.startswith("vllm:nixl_")}
     assert nixl, "the decode engine publishes no vllm:nixl_* series"
     assert engine_metric(decode.url, "vllm:nixl_xfer_time_seconds_count") >= 1, sorted(nixl)
+
+
+PD_ROUTING = {
+    "plugins": [
+        {"type": "prefill-endpoints-filter", "name": "prefill-only"},
+        {"type": "decode-endpoints-filter", "name": "decode-only"},
+        {"type": "queue-depth-scorer", "name": "queue"},
+        {"type": "max-score-picker", "name": "best"},
+        {"type": "disagg-profile-handler", "name": "pd", "params": {"decider": "always"}},
+    ],
+    "profiles": [
+        {"name": "prefill", "filters": ["prefill-only"], "scorers": ["queue"], "picker": "best"},
+        {"name": "decode", "filters": ["decode-only"], "scorers": ["queue"], "picker": "best"},
+    ],
+    "handler": "pd",
+}
+
+
+def test_orchestrated_pd_through_the_proxy_equals_an_aggregated_run(
+    pd_tier: Tier, tmp_path: Path
+) -> None:
+    """The proxy runs the prefill leg on the prefill engine and streams the decode leg from
+    the decode engine, which pulls the KV over NIXL (issue 7 on the real thing)."""
+    prefill = next(e for e in pd_tier.engines if e.role == "prefill")
+    decode = next(e for e in pd_tier.engines if e.role == "decode")
+    config = tmp_path / "pd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "backends": [
+                    {"url": prefill.url, "role": "prefill"},
+                    {"url": decode.url, "role": "decode"},
+                ],
+                "routing": PD_ROUTING,
+                "pd_mode": "orchestrated",
+                "pd_prefill_timeout": FIRST_DECODE_TIMEOUT,
+            }
+        )
+    )
+    proxy = start_proxy(pd_tier, "pd", tmp_path, config=config)
+    try:
+        rng = random.Random(uuid.uuid4().int)
+        prompt = [rng.randrange(16, 2000) for _ in range(300)]
+        body = {
+            "model": pd_tier.model,
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        transfers = engine_metric(decode.url, "vllm:nixl_xfer_time_seconds_count")
+
+        r = httpx.post(f"{proxy.url}/v1/completions", json=body, timeout=FIRST_DECODE_TIMEOUT)
+        assert r.status_code == 200, (r.text, proxy.log_tail())
+        assert r.headers["x-fleet-backend"] == decode.backend_id
+        assert r.headers["x-fleet-prefill"] == prefill.backend_id
+        tokens = r.json()["choices"][0]["token_ids"]
+        assert r.json()["usage"]["completion_tokens"] == MAX_TOKENS
+        assert engine_metric(decode.url, "vllm:nixl_xfer_time_seconds_count") >= transfers + 1
+
+        # Streamed through the proxy: the same tokens, and usage at the end.
+        streamed: list[int] = []
+        usage: dict[str, Any] | None = None
+        with httpx.stream(
+            "POST",
+            f"{proxy.url}/v1/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            timeout=FIRST_DECODE_TIMEOUT,
+        ) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    event = json.loads(line[6:])
+                    assert "error" not in event, event
+                    for choice in event.get("choices", []):
+                        streamed += choice.get("token_ids") or []
+                    usage = event.get("usage") or usage
+        assert streamed == tokens
+        assert usage is not None and usage["completion_tokens"] == MAX_TOKENS
+
+        plain = completion(decode.url, body, f"plain-{uuid.uuid4().hex}")["choices"][0]["token_ids"]
+        assert tokens == plain
+    finally:
+        proxy.stop()

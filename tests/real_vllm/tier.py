@@ -195,11 +195,19 @@ class Proxy:
                 self.process.wait(5)
 
 
-def start_proxy(tier: Tier, policy: str, log_dir: Path, timeout: float = 60.0) -> Proxy:
+def start_proxy(
+    tier: Tier, policy: str, log_dir: Path, timeout: float = 60.0, config: Path | None = None
+) -> Proxy:
+    """`fleet-proxy serve` in front of the tier; with `config`, backends and routing come
+    from that YAML file instead of --backend flags and `policy`."""
     port = free_port()
-    cmd = [*fleet_proxy_command(), "serve", "--port", str(port), "--policy", policy]
-    for e in tier.engines:
-        cmd += ["--backend", e.url]
+    cmd = [*fleet_proxy_command(), "serve", "--port", str(port)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    else:
+        cmd += ["--policy", policy]
+        for e in tier.engines:
+            cmd += ["--backend", e.url]
     log = log_dir / f"proxy-{policy}-{port}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
