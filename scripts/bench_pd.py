@@ -47,7 +47,7 @@ SETTINGS = ("aggregated", "disaggregated")
 # other requests decode, which is where aggregated engines interleave the two.
 DEFAULT_BENCH_LINE = (
     "--workload chat --api completions --sessions 2000 --turns 1 --system-tokens 32 "
-    "--user-tokens 3000-12000 --output-tokens 64-192 --arrival poisson --rate 1.0 "
+    "--user-tokens 3000-12000 --output-tokens 64-192 --arrival poisson --rate 1.2 "
     "--duration 60 --timeout 120 --slo ttft:4000 tpot:200"
 )
 PD_ROUTING: dict[str, Any] = {
@@ -255,6 +255,15 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     return None
 
 
+def share_above(limit_s: float, buckets: dict[float, float]) -> float | None:
+    """The share of inter-token gaps longer than `limit_s` (a bucket edge): the decode tokens
+    that waited behind a long step, a prefill chunk in an aggregated engine."""
+    total = buckets.get(float("inf"))
+    if not total or limit_s not in buckets:
+        return None
+    return 1.0 - buckets[limit_s] / total
+
+
 def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str, Any]]:
     pooled: dict[str, Any] = {}
     lines = [
@@ -345,8 +354,10 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
                 )
     lines += [
         "",
-        "| run | start UTC | load 1-min before / after | sim lag % (worst) | P/D |",
-        "|---|---|---|---|---|",
+        "| run | start UTC | load 1-min before / after | sim lag % (worst) | TTFT p50 | TTFT p90 "
+        "| TTFT p99 | TPOT p90 | ITL p99 | engine ITL p99 (engine ms) | engine ITL > 50 ms % "
+        "| P/D decisions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, paths in bundles.items():
         for k, p in enumerate(paths):
@@ -357,10 +368,24 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
                 for key, v in m["proxy_pd"].items()
                 if key.startswith("fleet_pd_decisions_total") and v
             )
+            run = _summary(p)
+            hist = engine_itl_buckets(p)
+            engine_itl = histogram_quantile(0.99, hist)
+            slow = share_above(0.05, hist)
+            figures = [
+                dig(run, "ttft_ms", "p50"),
+                dig(run, "ttft_ms", "p90"),
+                dig(run, "ttft_ms", "p99"),
+                dig(run, "tpot_ms", "p90"),
+                dig(run, "itl_ms", "p99"),
+                engine_itl * 1000 if engine_itl is not None else None,
+            ]
+            slow_pct = _f(slow * 100 if slow is not None else None, 2)
             lines.append(
                 f"| {label} {k} | {m['started_utc']} | {m['load_before'][0]:.1f} / "
-                f"{m['load_after'][0]:.1f} | {_f(max(lags) * 100 if lags else None)} "
-                f"| {pd or '-'} |"
+                f"{m['load_after'][0]:.1f} | {_f(max(lags) * 100 if lags else None)} | "
+                + " | ".join(_f(v, 0) for v in figures)
+                + f" | {slow_pct} | {pd or '-'} |"
             )
     return "\n".join(lines), {"pooled": pooled, "paired": pairs}
 
@@ -378,18 +403,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("pd-%H%M%S"))
     p.add_argument(
-        "--tabulate", action="store_true", help="only rebuild pd.md from the bundles in --out"
+        "--pool",
+        type=Path,
+        nargs="+",
+        help="run nothing: rebuild the tables from these earlier --out directories (same "
+        "command), pairing their runs in order",
     )
     args = p.parse_args(argv)
     out: Path = args.out
-    if args.tabulate:
-        found = {s: sorted((out / "runs").glob(f"{s}-*")) for s in SETTINGS}
-        bundles_done = {
-            s: [b for b in v if (b / "machine.json").exists()] for s, v in found.items()
+    if args.pool:
+        done = {
+            s: [
+                b
+                for d in args.pool
+                for b in sorted(
+                    (d / "runs").glob(f"{s}-*"), key=lambda x: int(x.name.rsplit("-", 1)[1])
+                )
+                if (b / "machine.json").exists()
+            ]
+            for s in SETTINGS
         }
-        table, data = tables(bundles_done, args.speed)
-        (out / "pd.md").write_text(table + "\n")
-        print(table)
+        print(tables(done, args.speed)[0])
         return 0
     (out / "logs").mkdir(parents=True, exist_ok=True)
     bundles: dict[str, list[Path]] = {s: [] for s in SETTINGS}
