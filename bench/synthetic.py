@@ -12,6 +12,9 @@ from bench.textgen import filler
 from bench.workload import Session, Turn, Workload
 
 PROGRAM_HEADER = "x-program-id"
+# Chat clients name their conversation so a session-aware router (unified's affinity gate,
+# session-affinity scorer) can find its owner.
+SESSION_HEADER = "x-session-id"
 
 
 def chat_sessions(
@@ -51,6 +54,7 @@ def chat_sessions(
                 turns=tuple(session_turns),
                 system=system,
                 think_time_s=think_time_s,
+                headers={SESSION_HEADER: f"chat-{seed}-{s}{salt}"},
             )
         )
     return Workload(

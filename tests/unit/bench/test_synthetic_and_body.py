@@ -1,6 +1,6 @@
 from bench.arrivals import poisson_offsets, with_poisson_arrivals
 from bench.runner import RunOptions, build_body
-from bench.synthetic import PROGRAM_HEADER, agent_programs, chat_sessions
+from bench.synthetic import PROGRAM_HEADER, SESSION_HEADER, agent_programs, chat_sessions
 from bench.textgen import CHARS_PER_TOKEN
 
 
@@ -13,6 +13,8 @@ def test_chat_sessions_are_deterministic_and_share_the_system_prompt() -> None:
     assert all(2 <= len(s.turns) <= 4 for s in a.sessions)
     assert all(len(t.reply) == t.max_tokens * CHARS_PER_TOKEN for s in a.sessions for t in s.turns)
     assert chat_sessions(sessions=5, seed=8) != a
+    # Each conversation names itself, differently from every other one.
+    assert len({s.headers[SESSION_HEADER] for s in a.sessions}) == 5
 
 
 def test_agent_programs_fan_out_over_a_program_context() -> None:
