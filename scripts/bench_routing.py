@@ -199,23 +199,11 @@ def main(argv: list[str]) -> int:
         return 0
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    bundles: dict[str, list[Path]] = {s.label: [] for s in settings}
-    skipped: dict[str, str] = {}
-    try:
-        for k in range(args.repeat):
-            for s in settings:
-                if s.label in skipped:
-                    continue
-                print(f"== {s.label} run {k}  load {os.getloadavg()[0]:.1f}", flush=True)
-                try:
-                    bundles[s.label].append(run_one(s, k, args, bench_args, out))
-                except FileNotFoundError as e:
-                    skipped[s.label] = f"{e} not installed"
-                except RuntimeError as e:
-                    skipped[s.label] = str(e)
-                    print(f"   skipped: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("interrupted: tabulating what ran", file=sys.stderr)
+    bundles, skipped = cp.run_campaign(
+        [s.label for s in settings],
+        args.repeat,
+        lambda i, k: run_one(settings[i], k, args, bench_args, out),
+    )
     peers = cp.combine(out, bundles, skipped, args, bench_args)
     pairs_md, pairs = all_pairs(bundles)
     command = " ".join(["scripts/bench_routing.py", *argv, "--", *bench_args])

@@ -31,7 +31,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -240,6 +240,32 @@ def router_command(setting: RouterSetting, port: int, urls: list[str]) -> tuple[
     )
 
 
+def run_campaign(
+    labels: Sequence[str], repeat: int, run: Callable[[int, int], Path]
+) -> tuple[dict[str, list[Path]], dict[str, str]]:
+    """Alternate the settings `repeat` times (A B C A B C ...): `run(i, k)` is run k of
+    setting i and returns its bundle. A setting whose router is not installed or fails to
+    start is skipped from then on; Ctrl-C keeps what ran."""
+    bundles: dict[str, list[Path]] = {label: [] for label in labels}
+    skipped: dict[str, str] = {}
+    try:
+        for k in range(repeat):
+            for i, label in enumerate(labels):
+                if label in skipped:
+                    continue
+                print(f"== {label} run {k}  load {os.getloadavg()[0]:.1f}", flush=True)
+                try:
+                    bundles[label].append(run(i, k))
+                except FileNotFoundError as e:
+                    skipped[label] = f"{e} not installed"
+                except RuntimeError as e:
+                    skipped[label] = str(e)
+                    print(f"   skipped: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted: tabulating what ran", file=sys.stderr)
+    return bundles, skipped
+
+
 def run_setting(
     setting: RouterSetting, k: int, args: argparse.Namespace, bench_args: list[str], out: Path
 ) -> Path:
@@ -445,23 +471,11 @@ def main(argv: list[str]) -> int:
     settings = [RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    bundles: dict[str, list[Path]] = {s.label: [] for s in settings}
-    skipped: dict[str, str] = {}
-    try:
-        for k in range(args.repeat):
-            for s in settings:
-                if s.label in skipped:
-                    continue
-                print(f"== {s.label} run {k}", flush=True)
-                try:
-                    bundles[s.label].append(run_setting(s, k, args, bench_args, out))
-                except FileNotFoundError as e:
-                    skipped[s.label] = f"{e} not installed"
-                except RuntimeError as e:
-                    skipped[s.label] = str(e)
-                    print(f"   skipped: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("interrupted: tabulating what ran", file=sys.stderr)
+    bundles, skipped = run_campaign(
+        [s.label for s in settings],
+        args.repeat,
+        lambda i, k: run_setting(settings[i], k, args, bench_args, out),
+    )
     print(combine(out, bundles, skipped, args, bench_args))
     print(f"artifacts: {out}")
     return 0
