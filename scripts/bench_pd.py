@@ -391,11 +391,7 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
 
 
 def main(argv: list[str]) -> int:
-    if "--" in argv:
-        i = argv.index("--")
-        argv, bench_args = argv[:i], argv[i + 1 :]
-    else:
-        bench_args = shlex.split(DEFAULT_BENCH_LINE)
+    argv, bench_args = cp.split_bench_args(argv, shlex.split(DEFAULT_BENCH_LINE))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--speed", type=float, default=0.25, help="simulator clock speed")
     p.add_argument("--profile", default="h100-llama-8b")

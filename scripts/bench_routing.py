@@ -171,11 +171,7 @@ def pooled_bundles(dirs: list[Path], label: str) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    if "--" in argv:
-        i = argv.index("--")
-        argv, bench_args = argv[:i], argv[i + 1 :]
-    else:
-        bench_args = shlex.split(DEFAULT_BENCH_LINE)
+    argv, bench_args = cp.split_bench_args(argv, shlex.split(DEFAULT_BENCH_LINE))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--speed", type=float, default=0.1, help="simulator clock speed")

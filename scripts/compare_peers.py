@@ -240,6 +240,14 @@ def router_command(setting: RouterSetting, port: int, urls: list[str]) -> tuple[
     )
 
 
+def split_bench_args(argv: list[str], default: Sequence[str]) -> tuple[list[str], list[str]]:
+    """This script's own flags, and the `fleet-proxy bench` flags after `--` (else `default`)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, list(default)
+
+
 def run_campaign(
     labels: Sequence[str], repeat: int, run: Callable[[int, int], Path]
 ) -> tuple[dict[str, list[Path]], dict[str, str]]:
@@ -450,11 +458,7 @@ def combine(
 
 
 def main(argv: list[str]) -> int:
-    if "--" in argv:
-        i = argv.index("--")
-        argv, bench_args = argv[:i], argv[i + 1 :]
-    else:
-        bench_args = list(DEFAULT_BENCH_ARGS)
+    argv, bench_args = split_bench_args(argv, DEFAULT_BENCH_ARGS)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--speed", type=float, default=2.0, help="simulator clock speed")
