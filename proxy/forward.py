@@ -240,7 +240,7 @@ class Forwarder:
             try:
                 return await self._attempt(ex)
             except RetryableUpstream as first:
-                self._note_failure(first)
+                self._note_failure(ex, first)
                 return await self._retry(ex, first)
         except asyncio.CancelledError:
             if not watch.disconnected:
@@ -269,7 +269,7 @@ class Forwarder:
                     try:
                         return await self._attempt(ex)
                     except RetryableUpstream as e:
-                        self._note_failure(e)
+                        self._note_failure(ex, e)
                         last = e
                         raise
         except RetryableUpstream:
@@ -279,8 +279,13 @@ class Forwarder:
                 raise
         raise _exhausted(ex.tried, last)
 
-    def _note_failure(self, e: RetryableUpstream) -> None:
+    def _note_failure(self, ex: _Exchange, e: RetryableUpstream) -> None:
         self.core.metrics.upstream_errors.labels(e.backend.id, e.kind).inc()
+        log.warning(
+            "request %s: attempt %d on %s failed after %.2fs (%s): %s",
+            ex.ctx.request_id, len(ex.tried), e.backend.id,
+            time.perf_counter() - ex.arrived, e.kind, e,
+        )  # fmt: skip
         e.backend.last_error = str(e)
         if e.kind == "connect":
             # Passive health: stop sending here until the next health check says otherwise.
@@ -291,7 +296,10 @@ class Forwarder:
         now = core.clock.now()
         candidates = core.fleet.candidates(ctx.model, now)
         if tried:
-            candidates = [b for b in candidates if b.id not in tried]
+            # Another backend first; when every one was tried, a healthy one again (after the
+            # retry's backoff): a lone backend that timed out once deserves a second chance.
+            untried = [b for b in candidates if b.id not in tried]
+            candidates = untried or candidates
         if not candidates:
             if not tried and core.fleet.routable(now) and not core.fleet.knows_model(ctx.model):
                 raise ProxyError(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -145,6 +148,73 @@ async def test_connect_error_is_retried_and_backend_marked_down(two_backends):
         assert backend is not None and not backend.healthy
 
 
+async def test_a_lone_backend_that_failed_once_is_tried_again():
+    """With nothing else to try, the retry goes back to the same (still healthy) backend."""
+    only = FakeBackend(behaviour=Behaviour(fail_status=503, fail_times=1))
+    await only.start()
+    try:
+        settings = fast_settings([only.url])
+        async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            assert r.status_code == 200
+            assert len(only.seen) == 2
+    finally:
+        await only.stop()
+
+
+@contextlib.contextmanager
+def unanswering_listener() -> Iterator[str]:
+    """A port whose accept queue is full: the kernel drops further SYNs, so connecting
+    times out (as it does to an engine too busy to accept), rather than being refused."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):  # Linux queues backlog + 1 connections; a few more to be sure
+            s = socket.socket()
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                s.connect(("127.0.0.1", port))
+            fillers.append(s)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+
+
+async def test_connect_timeout_is_retried_on_another_backend(two_backends):
+    good = two_backends[0]
+    with unanswering_listener() as silent:
+        # Slow scrapes: the test sets the silent backend's state and nothing overrides it.
+        settings = fast_settings(
+            [silent, good.url],
+            policy="round_robin",
+            connect_timeout=0.3,
+            max_attempts=2,
+            scrape_interval=30.0,
+            health_interval=30.0,
+            stale_after=60.0,
+        )
+        async with running_proxy(settings) as (url, app):
+            fleet = list(app.core.fleet)
+            known = next(b for b in fleet if good.url.endswith(b.id))
+            stuck = next(b for b in fleet if b is not known)
+            # As an engine that answered its scrapes, then stopped accepting connections.
+            stuck.spec = dataclasses.replace(stuck.spec, models=known.spec.models)
+            stuck.snapshot = known.snapshot
+            stuck.healthy = True
+            async with httpx.AsyncClient(base_url=url) as c:
+                for _ in range(4):
+                    r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+                    assert r.status_code == 200
+                    assert r.headers["x-fleet-backend"] == known.id
+                metrics = (await c.get("/metrics")).text
+    assert f'fleet_proxy_upstream_errors_total{{backend="{stuck.id}",kind="io"}}' in metrics
+
+
 async def test_all_backends_failing_gives_502_naming_them(two_backends):
     for b in two_backends:
         b.behaviour = Behaviour(fail_status=500)
@@ -153,7 +223,9 @@ async def test_all_backends_failing_gives_502_naming_them(two_backends):
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 502
         err = r.json()["error"]
-        assert "2 attempt(s)" in err["message"]
+        # Both backends, then one of them again: every attempt of the budget (3) was used.
+        assert "3 attempt(s)" in err["message"]
+        assert sum(len(b.seen) for b in two_backends) == 3
         assert err["type"] == "upstream_error"
 
 

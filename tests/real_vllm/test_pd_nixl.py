@@ -135,7 +135,12 @@ def test_orchestrated_pd_through_the_proxy_equals_an_aggregated_run(
         transfers = engine_metric(decode.url, "vllm:nixl_xfer_time_seconds_count")
 
         r = httpx.post(f"{proxy.url}/v1/completions", json=body, timeout=FIRST_DECODE_TIMEOUT)
-        assert r.status_code == 200, (r.text, proxy.log_tail())
+        assert r.status_code == 200, (
+            r.text,
+            proxy.log_tail(),
+            decode.log_tail(),
+            prefill.log_tail(),
+        )
         assert r.headers["x-fleet-backend"] == decode.backend_id
         assert r.headers["x-fleet-prefill"] == prefill.backend_id
         tokens = r.json()["choices"][0]["token_ids"]

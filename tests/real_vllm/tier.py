@@ -62,6 +62,13 @@ class Engine:
         """The proxy's default backend id: host:port of the URL."""
         return self.url.removeprefix("http://")
 
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = Path(self.log).read_text(errors="replace")
+        except OSError as e:
+            return f"({self.name}: no log: {e})"
+        return f"--- {self.name} ({self.url}) ---\n" + "\n".join(text.splitlines()[-lines:])
+
 
 @dataclass(frozen=True)
 class Tier:
