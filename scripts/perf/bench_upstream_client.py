@@ -2,9 +2,13 @@
 
 Starts scripts/perf/fast_fake_vllm.py as a subprocess, then drives it from this process with
 each client: --requests POSTs to /v1/completions at --concurrency, non-streaming (16 tokens)
-and streaming (64 SSE events, every piece iterated). Prints this process's CPU time per request
-(time.process_time, so the backend's CPU is not counted) and requests per second; each figure
-is the best of --repeat rounds. aiohttp is configured as proxy/core.py configures it.
+and streaming (64 SSE events, every piece iterated); with --floor also a raw protocol that
+does no HTTP at all, the cost of the socket reads and task wake-ups any client pays. Prints
+this process's CPU time per request (time.process_time, so the backend's CPU is not counted),
+requests per second and read syscalls per request (from /proc/self/io: a streamed response
+costs one read and one task wake-up per burst of events, so a client that keeps up pays for
+more reads); each figure is from the round with the least CPU of --repeat rounds. aiohttp
+is configured as proxy/core.py configures it.
 
     python scripts/perf/bench_upstream_client.py [--requests 5000] [--concurrency 32]
 """
@@ -29,6 +33,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE))
 
 import bench_proxy_overhead as overhead  # noqa: E402  (free_port, wait_http, process)
+import fast_fake_vllm  # noqa: E402  (the exact bytes it answers with)
 
 from proxy.upstream import UpstreamPool  # noqa: E402
 
@@ -62,8 +67,18 @@ def fake_backend() -> Iterator[str]:
 OneRequest = Callable[[], Awaitable[None]]
 
 
-async def drive(one: OneRequest, requests: int, concurrency: int) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) to run `requests` calls of `one` at `concurrency`."""
+def read_syscalls() -> int:
+    """Read syscalls of this process so far (uvloop reads sockets with read(2)); 0 if unknown."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("syscr:"):
+                return int(line.split()[1])
+    return 0
+
+
+async def drive(one: OneRequest, requests: int, concurrency: int) -> tuple[float, float, int]:
+    """(CPU seconds, wall seconds, read syscalls) for `requests` calls of `one` at
+    `concurrency`."""
     left = requests
 
     async def worker() -> None:
@@ -72,9 +87,10 @@ async def drive(one: OneRequest, requests: int, concurrency: int) -> tuple[float
             left -= 1
             await one()
 
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    reads0, cpu0, wall0 = read_syscalls(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.process_time() - cpu0, time.perf_counter() - wall0
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return cpu, wall, read_syscalls() - reads0
 
 
 async def last_piece(pieces: AsyncIterator[bytes]) -> bytes:
@@ -115,7 +131,63 @@ def lean_call(pool: UpstreamPool, origin: str, stream: bool) -> OneRequest:
     return one
 
 
-async def run(origin: str, args: argparse.Namespace) -> list[tuple[str, str, float, float]]:
+class FloorConnection(asyncio.Protocol):
+    """No HTTP at all: a socket read and a consumer wake-up per read, the cost any asyncio
+    client pays. It spots the end of this backend's answers by their fixed last bytes."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.reads: list[bytes] = []
+        self.tail = b""
+        self.end = b""
+        self.waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append(data)
+        self.tail = (self.tail + data)[-32:]
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def floor_call(origin: str, stream: bool) -> OneRequest:
+    data = body(stream)
+    request = b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n\r\n%s" % (
+        PATH.encode(),
+        origin.removeprefix("http://").encode(),
+        len(data),
+        b"\r\n".join(b"%s: %s" % h for h in RAW_HEADERS),
+        data,
+    )
+    end = fast_fake_vllm.LAST if stream else fast_fake_vllm.COMPLETION[-24:]
+    host, port = origin.removeprefix("http://").split(":")
+    idle: list[FloorConnection] = []
+
+    async def one() -> None:
+        if idle:
+            conn = idle.pop()
+        else:
+            loop = asyncio.get_running_loop()
+            _, conn = await loop.create_connection(FloorConnection, host, int(port))
+        assert conn.transport is not None
+        conn.tail = b""
+        conn.transport.write(request)
+        while not conn.tail.endswith(end):
+            conn.waiter = asyncio.get_running_loop().create_future()
+            await conn.waiter
+            conn.reads.clear()
+        idle.append(conn)
+
+    return one
+
+
+Row = tuple[str, str, float, float, float]  # client, mode, CPU s/request, requests/s, reads/req
+
+
+async def run(origin: str, args: argparse.Namespace) -> list[Row]:
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, ttl_dns_cache=300),
         auto_decompress=False,
@@ -133,13 +205,18 @@ async def run(origin: str, args: argparse.Namespace) -> list[tuple[str, str, flo
                 "aiohttp": aiohttp_call(session, origin + PATH, stream),
                 "upstream": lean_call(pool, origin, stream),
             }
+            if args.floor:
+                clients["raw-floor"] = floor_call(origin, stream)
             for name, one in clients.items():
                 await drive(one, min(args.requests, 500), args.concurrency)  # warm the pool
-                best_cpu, best_wall = float("inf"), float("inf")
+                best: tuple[float, float, int] | None = None
                 for _ in range(args.repeat):
-                    cpu, wall = await drive(one, args.requests, args.concurrency)
-                    best_cpu, best_wall = min(best_cpu, cpu), min(best_wall, wall)
-                rows.append((name, mode, best_cpu / args.requests, args.requests / best_wall))
+                    got = await drive(one, args.requests, args.concurrency)
+                    best = got if best is None or got[0] < best[0] else best
+                assert best is not None
+                cpu, wall, reads = best
+                n = args.requests
+                rows.append((name, mode, cpu / n, n / wall, reads / n))
     finally:
         await session.close()
         await pool.close()
@@ -152,6 +229,11 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time a client that does no HTTP parsing: what any asyncio client pays",
+    )
     args = p.parse_args()
     if not (0 < args.requests <= 200_000 and 0 < args.concurrency <= 1024):
         p.error("--requests must be 1..200000 and --concurrency 1..1024")
@@ -160,13 +242,13 @@ def main() -> int:
         rows = runner(run(origin, args))
     print(
         f"{args.requests} requests x {args.repeat} rounds at concurrency {args.concurrency}, "
-        f"{args.loop} loop; best round"
+        f"{args.loop} loop; the round with the least CPU"
     )
-    print(f"{'client':<10} {'mode':<11} {'CPU us/req':>11} {'req/s':>9}")
-    base = {mode: cpu for name, mode, cpu, _ in rows if name == "aiohttp"}
-    for name, mode, cpu, rate in rows:
+    print(f"{'client':<10} {'mode':<11} {'CPU us/req':>11} {'req/s':>9} {'reads/req':>10}")
+    base = {mode: cpu for name, mode, cpu, _, _ in rows if name == "aiohttp"}
+    for name, mode, cpu, rate, reads in rows:
         ratio = f"  ({cpu / base[mode]:.0%} of aiohttp)" if name != "aiohttp" else ""
-        print(f"{name:<10} {mode:<11} {cpu * 1e6:>11.1f} {rate:>9.0f}{ratio}")
+        print(f"{name:<10} {mode:<11} {cpu * 1e6:>11.1f} {rate:>9.0f} {reads:>10.1f}{ratio}")
     return 0
 
 
