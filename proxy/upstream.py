@@ -17,6 +17,10 @@ uvicorn uses) with a keep-alive pool per backend origin, and does only what forw
   sees the disconnect and aborts the generation; only cleanly finished connections are reused.
 
 Errors are `UpstreamError` with a `kind` that tells a retry policy whether anything was sent.
+
+scripts/perf/bench_upstream_client.py measures it against aiohttp configured as the proxy did:
+a non-streamed request costs ~14% of aiohttp's CPU. A streamed one costs about what a client
+doing no HTTP work at all pays for its socket reads and task wake-ups (its --floor row).
 """
 
 from __future__ import annotations

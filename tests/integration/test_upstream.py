@@ -525,3 +525,59 @@ async def test_only_plain_http_origins(pool) -> None:
     for origin in ("https://127.0.0.1:1", "http://127.0.0.1:1/v1", "127.0.0.1:1"):
         with pytest.raises(ValueError):
             await pool.request(origin, "/", [], b"")
+
+
+async def test_read_of_a_large_body_is_not_stalled_by_flow_control(serve, pool) -> None:
+    pieces = [bytes([i % 251]) * 65536 for i in range(256)]  # 16 MiB, far past the high mark
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            writer.write(chunk(piece))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    server = await serve(handler)
+    async with await pool.request(server.origin, "/", [], b"") as resp:
+        async with asyncio.timeout(10):
+            assert await resp.read() == b"".join(pieces)
+
+
+async def test_idle_connections_beyond_the_limit_are_closed(serve) -> None:
+    gate = asyncio.Event()
+    eofs = 0
+
+    def make(server: Server) -> Handler:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal eofs
+            while await server.read_request(reader) is not None:
+                await gate.wait()
+                writer.write(ok(b"done"))
+                await writer.drain()
+            eofs += 1
+
+        return handler
+
+    server = await serve_with(serve, make)
+    pool = UpstreamPool(connect_timeout=2.0, read_timeout=5.0, max_idle_per_origin=1)
+    try:
+
+        async def one() -> bytes:
+            async with await pool.request(server.origin, "/", [], b"") as resp:
+                return await resp.read()
+
+        both = asyncio.gather(one(), one())  # two at once: two connections
+        while len(server.requests) < 2:
+            await asyncio.sleep(0.01)
+        gate.set()
+        assert await both == [b"done", b"done"]
+        async with asyncio.timeout(5):
+            while eofs < 1:  # one of them is not kept
+                await asyncio.sleep(0.01)
+        assert await one() == b"done"
+        assert server.accepted == 2
+        assert eofs == 1
+    finally:
+        await pool.close()
