@@ -266,11 +266,14 @@ class _Connection(asyncio.Protocol):
             self.finish()
 
     def eof_received(self) -> bool | None:
-        # A body without Content-Length or chunked framing ends with the connection.
         resp = self.response
         if self.state == _BODY and resp is not None and _ends_at_close(resp.raw_headers):
+            # A body without Content-Length or chunked framing ends with the connection.
             self.keep_alive = False
             self.finish()
+        else:
+            # Idle: leave the pool now, before a request can pick this connection.
+            self.fail(UpstreamError("disconnect", f"{self.origin.name}: backend closed"))
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
