@@ -7,10 +7,13 @@ does no HTTP at all, the cost of the socket reads and task wake-ups any client p
 this process's CPU time per request (time.process_time, so the backend's CPU is not counted),
 requests per second and read syscalls per request (from /proc/self/io: a streamed response
 costs one read and one task wake-up per burst of events, so a client that keeps up pays for
-more reads); each figure is from the round with the least CPU of --repeat rounds. aiohttp
-is configured as proxy/core.py configures it.
+more reads, and when both processes are saturated the fastest client reads the most often);
+each figure is from the round with the least CPU of --repeat rounds. aiohttp is configured as
+proxy/core.py configures it. --rate paces the requests below saturation; --event-gap spaces
+the streamed events as an engine spaces tokens (each event then is one read for any client).
 
     python scripts/perf/bench_upstream_client.py [--requests 5000] [--concurrency 32]
+    python scripts/perf/bench_upstream_client.py --event-gap 1 --concurrency 64 --floor
 """
 
 from __future__ import annotations
@@ -51,11 +54,21 @@ def body(stream: bool) -> bytes:
 
 
 @contextlib.contextmanager
-def fake_backend() -> Iterator[str]:
-    """The fast fake vLLM on a free port, stopped by PID on the way out (also on errors)."""
+def fake_backend(event_gap: float) -> Iterator[str]:
+    """The fast fake vLLM on a free port, stopped by PID on the way out (also on errors).
+
+    With `event_gap` (seconds) it sleeps that long between streamed events instead of one
+    loop turn, as a real engine spaces tokens, so that each event is one socket read.
+    """
     port = overhead.free_port()
     origin = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, str(HERE / "fast_fake_vllm.py"), "--port", str(port)]
+    if event_gap > 0:
+        cmd = [
+            sys.executable,
+            "-c",
+            SPACED_BACKEND.format(here=str(HERE), gap=event_gap, port=port),
+        ]
     with (
         tempfile.TemporaryDirectory() as tmp,
         overhead.process(cmd, Path(tmp) / "backend.log"),
@@ -63,6 +76,25 @@ def fake_backend() -> Iterator[str]:
         overhead.wait_http(origin + "/health", timeout=20)
         yield origin
 
+
+SPACED_BACKEND = """
+import asyncio, sys
+sys.path.insert(0, {here!r})
+import fast_fake_vllm as f
+
+async def stream(self, t):
+    t.write(f.STREAM_HEAD)
+    for _ in range(self.chunks):
+        if t.is_closing():
+            return
+        t.write(f.CHUNK)
+        await asyncio.sleep({gap!r})
+    t.write(f.LAST)
+
+f.Handler.stream = stream
+sys.argv = ["fast_fake_vllm.py", "--port", "{port}"]
+f.main()
+"""
 
 OneRequest = Callable[[], Awaitable[None]]
 
@@ -76,15 +108,24 @@ def read_syscalls() -> int:
     return 0
 
 
-async def drive(one: OneRequest, requests: int, concurrency: int) -> tuple[float, float, int]:
+async def drive(
+    one: OneRequest, requests: int, concurrency: int, rate: float | None = None
+) -> tuple[float, float, int]:
     """(CPU seconds, wall seconds, read syscalls) for `requests` calls of `one` at
-    `concurrency`."""
-    left = requests
+    `concurrency`; with `rate`, request i starts no earlier than i/rate seconds in."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    issued = 0
 
     async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
+        nonlocal issued
+        while issued < requests:
+            i = issued
+            issued += 1
+            if rate is not None:
+                delay = start + i / rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
             await one()
 
     reads0, cpu0, wall0 = read_syscalls(), time.process_time(), time.perf_counter()
@@ -208,10 +249,11 @@ async def run(origin: str, args: argparse.Namespace) -> list[Row]:
             if args.floor:
                 clients["raw-floor"] = floor_call(origin, stream)
             for name, one in clients.items():
-                await drive(one, min(args.requests, 500), args.concurrency)  # warm the pool
+                # Warm the pool, at full speed.
+                await drive(one, min(args.requests, 500), args.concurrency)
                 best: tuple[float, float, int] | None = None
                 for _ in range(args.repeat):
-                    got = await drive(one, args.requests, args.concurrency)
+                    got = await drive(one, args.requests, args.concurrency, args.rate)
                     best = got if best is None or got[0] < best[0] else best
                 assert best is not None
                 cpu, wall, reads = best
@@ -230,6 +272,20 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     p.add_argument(
+        "--rate",
+        type=float,
+        help="start requests at this many per second (at most --concurrency at once) instead "
+        "of as fast as they finish: keeps both processes below saturation, where a streamed "
+        "event is one socket read for any client",
+    )
+    p.add_argument(
+        "--event-gap",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="the backend waits this long between streamed events (default: one loop turn)",
+    )
+    p.add_argument(
         "--floor",
         action="store_true",
         help="also time a client that does no HTTP parsing: what any asyncio client pays",
@@ -237,12 +293,17 @@ def main() -> int:
     args = p.parse_args()
     if not (0 < args.requests <= 200_000 and 0 < args.concurrency <= 1024):
         p.error("--requests must be 1..200000 and --concurrency 1..1024")
-    with fake_backend() as origin:
+    if args.rate is not None and not args.requests / 120 <= args.rate <= 1e6:
+        p.error("--rate must keep a round under two minutes")
+    with fake_backend(args.event_gap / 1000) as origin:
         runner = uvloop.run if args.loop == "uvloop" else asyncio.run
         rows = runner(run(origin, args))
+    pace = f", started at {args.rate:g}/s" if args.rate else ""
+    if args.event_gap:
+        pace += f", {args.event_gap:g} ms between streamed events"
     print(
-        f"{args.requests} requests x {args.repeat} rounds at concurrency {args.concurrency}, "
-        f"{args.loop} loop; the round with the least CPU"
+        f"{args.requests} requests x {args.repeat} rounds at concurrency {args.concurrency}"
+        f"{pace}, {args.loop} loop; the round with the least CPU"
     )
     print(f"{'client':<10} {'mode':<11} {'CPU us/req':>11} {'req/s':>9} {'reads/req':>10}")
     base = {mode: cpu for name, mode, cpu, _, _ in rows if name == "aiohttp"}
