@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -225,6 +226,14 @@ def floor_call(origin: str, stream: bool) -> OneRequest:
     return one
 
 
+async def within(seconds: float, work: Awaitable[list[Row]]) -> list[Row]:
+    try:
+        async with asyncio.timeout(seconds):
+            return await work
+    except TimeoutError:
+        raise SystemExit(f"the benchmark did not finish within --time-limit {seconds:g}s") from None
+
+
 Row = tuple[str, str, float, float, float]  # client, mode, CPU s/request, requests/s, reads/req
 
 
@@ -290,14 +299,17 @@ def main() -> int:
         action="store_true",
         help="also time a client that does no HTTP parsing: what any asyncio client pays",
     )
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds for the whole run")
     args = p.parse_args()
     if not (0 < args.requests <= 200_000 and 0 < args.concurrency <= 1024):
         p.error("--requests must be 1..200000 and --concurrency 1..1024")
     if args.rate is not None and not args.requests / 120 <= args.rate <= 1e6:
         p.error("--rate must keep a round under two minutes")
+    # SIGTERM unwinds like Ctrl-C, so the backend subprocess is stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with fake_backend(args.event_gap / 1000) as origin:
         runner = uvloop.run if args.loop == "uvloop" else asyncio.run
-        rows = runner(run(origin, args))
+        rows = runner(within(args.time_limit, run(origin, args)))
     pace = f", started at {args.rate:g}/s" if args.rate else ""
     if args.event_gap:
         pace += f", {args.event_gap:g} ms between streamed events"
