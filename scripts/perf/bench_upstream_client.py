@@ -322,7 +322,7 @@ def main() -> int:
     for name, mode, cpu, rate, reads in rows:
         ratio = f"  ({cpu / base[mode]:.0%} of aiohttp)" if name != "aiohttp" else ""
         # asyncio's loop reads with recv(2), which /proc/self/io does not count.
-        shown = f"{reads:.1f}" if reads else "-"
+        shown = f"{reads:.1f}" if args.loop == "uvloop" else "-"
         print(f"{name:<10} {mode:<11} {cpu * 1e6:>11.1f} {rate:>9.0f} {shown:>10}{ratio}")
     return 0
 
