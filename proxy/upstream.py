@@ -273,7 +273,8 @@ class _Connection(asyncio.Protocol):
             self.keep_alive = False
             self.finish()
         else:
-            # Idle: leave the pool now, before a request can pick this connection.
+            # Nothing more can come: a response in flight fails, and an idle connection
+            # leaves the pool now rather than be picked by a request before connection_lost.
             self.fail(UpstreamError("disconnect", f"{self.origin.name}: backend closed"))
         return None  # close the transport
 
