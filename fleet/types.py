@@ -71,6 +71,12 @@ class Load:
     pending_prefill_tokens: int = 0  # charged at dispatch, released at the first token
     running_decodes: int = 0  # requests past their first token
     dispatched_total: int = 0
+    # The same three counts from the proxy's other worker processes (`--workers N`, written by
+    # fleet/peer_load.py every few ms); always 0 with one worker. Routing reads the totals
+    # through policies/loads.py.
+    peer_in_flight: int = 0
+    peer_pending_prefill_tokens: int = 0
+    peer_running_decodes: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -107,10 +113,12 @@ class Backend:
 
     @property
     def batch_size(self) -> float:
-        """Running + waiting as best known: the larger of own accounting and the scrape.
+        """Running + waiting as best known: the larger of the proxy's accounting (all workers)
+        and the scrape.
 
         On every routing decision for every candidate: plain comparisons, no max()/float()."""
-        bs: float = self.load.in_flight
+        load = self.load
+        bs: float = load.in_flight + load.peer_in_flight
         snap = self.snapshot
         if snap is not None:
             m = snap.metrics

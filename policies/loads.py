@@ -2,6 +2,10 @@
 accounting and the last scrape, so a burst the scraper has not seen yet still counts, and so
 does load other clients put on the engine.
 
+Counts from the proxy's own accounting are totals over its worker processes: this worker's
+`Load` fields plus `Load.peer_*` (the other workers', fleet/peer_load.py; 0 with one worker).
+Policies read load through these functions, not `b.load` directly, so they see every worker.
+
 Written with plain comparisons: these run once per candidate per decision, and
 `max(float(a), b)` costs several times more than the comparison in CPython.
 """
@@ -11,6 +15,24 @@ from __future__ import annotations
 from fleet.types import Backend
 
 
+def in_flight(b: Backend) -> int:
+    """Requests in flight on the backend through this proxy, all workers."""
+    load = b.load
+    return load.in_flight + load.peer_in_flight
+
+
+def pending_prefill_tokens(b: Backend) -> int:
+    """Prompt tokens dispatched to the backend and not yet past their first token, all workers."""
+    load = b.load
+    return load.pending_prefill_tokens + load.peer_pending_prefill_tokens
+
+
+def running_decodes(b: Backend) -> int:
+    """Requests on the backend past their first token, all workers."""
+    load = b.load
+    return load.running_decodes + load.peer_running_decodes
+
+
 def batch_size(b: Backend) -> float:
     """Running + waiting requests (`Backend.batch_size`)."""
     return b.batch_size
@@ -18,7 +40,10 @@ def batch_size(b: Backend) -> float:
 
 def queue_size(b: Backend) -> float:
     """Requests not producing tokens yet: waiting, or dispatched without a first token."""
-    own: float = b.load.in_flight - b.load.running_decodes
+    load = b.load
+    own: float = (
+        load.in_flight + load.peer_in_flight - load.running_decodes - load.peer_running_decodes
+    )
     snap = b.snapshot
     if snap is not None and snap.metrics.waiting > own:
         return snap.metrics.waiting
@@ -26,7 +51,7 @@ def queue_size(b: Backend) -> float:
 
 
 def running_size(b: Backend) -> float:
-    own: float = b.load.running_decodes
+    own: float = b.load.running_decodes + b.load.peer_running_decodes
     snap = b.snapshot
     if snap is not None and snap.metrics.running > own:
         return snap.metrics.running

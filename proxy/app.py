@@ -7,10 +7,13 @@ metrics, docs) where its conveniences cost nothing that matters.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,11 +22,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fleet.change_log import ChangeLog
 from fleet.clock import Clock
+from fleet.peer_load import PeerLoad
 from proxy.admin import admin_router
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder, Receive, Scope, Send, send_error
+from proxy.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.settings import Settings
 
 log = logging.getLogger("fleet_proxy")
@@ -56,19 +62,44 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
     )
 
 
-def create_app(settings: Settings, clock: Clock | None = None) -> FleetProxyApp:
+def create_app(
+    settings: Settings, clock: Clock | None = None, seat: WorkerSeat | None = None
+) -> FleetProxyApp:
+    """`seat` makes this app one of several worker processes (proxy/workers.py): it shares
+    its load and the admin API's fleet changes with the others."""
     core = ProxyCore(settings, clock)
+    sync: PeerSync | None = None
+    if seat is not None:
+        sync = PeerSync(
+            core.fleet,
+            PeerLoad.attach(seat.segment, seat.index),
+            ChangeLog(Path(seat.change_log)),
+            settings.peer_sync_interval,
+            core.clock,
+        )
+        # /metrics answers for the worker that serves the scrape: say which one.
+        core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await core.start()
+        sync_task = None
+        if sync is not None:
+            sync.step()  # before the first request: peers' load and changes made before start
+            sync_task = asyncio.create_task(sync.run(), name="peer-sync")
         # Everything built so far lives as long as the process: keep it out of the cyclic
         # collector's scans, which otherwise grow with every module the app imported.
         gc.freeze()
         try:
             yield
         finally:
+            if sync_task is not None:
+                sync_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sync_task
             await core.stop()
+            if sync is not None:
+                sync.close()
 
     control = FastAPI(title="fleet-proxy", lifespan=lifespan)
 
@@ -109,7 +140,9 @@ def create_app(settings: Settings, clock: Clock | None = None) -> FleetProxyApp:
             ],
         }
 
-    control.include_router(admin_router(core))
+    control.include_router(
+        admin_router(core, SharedChanges(sync) if sync is not None else None, sync)
+    )
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.core = core
     return FleetProxyApp(core, control)

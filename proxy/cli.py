@@ -26,6 +26,11 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--config", type=Path, help="YAML settings file")
     p.add_argument("--admin-token", help="protect the /admin API with this token")
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="serving processes sharing the port and their accounting (default 1)",
+    )
 
 
 def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
@@ -33,7 +38,9 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def build_settings(args: argparse.Namespace) -> Settings:
-    overrides = _overrides(args, ["host", "port", "backends", "policy", "admin_token", "log_level"])
+    overrides = _overrides(
+        args, ["host", "port", "backends", "policy", "admin_token", "log_level", "workers"]
+    )
     return load_settings(overrides, args.config)
 
 
@@ -70,6 +77,10 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
         logging.getLogger("fleet_proxy").warning(
             "no backends configured: add them with --backend URL or POST /admin/backends"
         )
+    if settings.workers > 1:
+        from proxy.workers import run_workers
+
+        return run_workers(settings, lambda port: banner(settings, port, model))
     print(banner(settings, settings.port, model), flush=True)
     uvicorn.run(
         app,

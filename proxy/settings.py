@@ -100,6 +100,15 @@ class Settings(BaseSettings):
     @field_validator("backends", mode="before")
     @classmethod
     def _urls_as_backends(cls, v: Any) -> Any:
+    # Serving processes (proxy/workers.py). 1 runs the proxy in this process, as always; more
+    # share one listening port and their per-backend accounting (fleet/peer_load.py).
+    workers: int = Field(1, ge=1, le=64)
+    # With workers > 1: how often each worker publishes its load, reads its peers' load and
+    # applies admin changes made through another worker.
+    peer_sync_interval: float = Field(0.02, gt=0, le=5)
+    # How workers share the port: one listening socket they all accept on ("shared"), or one
+    # SO_REUSEPORT socket each ("reuseport"). See docs/performance.md for which spreads better.
+    worker_listen: Literal["shared", "reuseport"] = "shared"
         if isinstance(v, str):
             v = [u for u in v.replace(",", " ").split() if u]
         if isinstance(v, list):

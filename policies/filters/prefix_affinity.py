@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
+from policies.loads import pending_prefill_tokens
 from policies.plugin import RoutingServices, SchedulingRequest
 from policies.plugin_base import PluginBase
 
@@ -59,9 +60,9 @@ class PrefixCacheAffinityFilter(PluginBase):
             return candidates
         uncached = req.uncached_by_backend()
         everything = req.ctx.prompt_tokens
-        best_sticky = min(b.load.pending_prefill_tokens + uncached[b.spec.id] for b in sticky)
+        best_sticky = min(pending_prefill_tokens(b) + uncached[b.spec.id] for b in sticky)
         best_other = min(
-            b.load.pending_prefill_tokens + uncached.get(b.spec.id, everything)
+            pending_prefill_tokens(b) + uncached.get(b.spec.id, everything)
             for b in candidates
             if b.spec.id not in sticky_ids
         )

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend, Role
 from policies.base import Decision, NoCandidate
+from policies.loads import pending_prefill_tokens
 from policies.plugin import ProfileRunner, RoutingServices, SchedulingRequest
 from policies.plugin_base import PluginBase
 
@@ -83,7 +84,7 @@ class DisaggProfileHandler(PluginBase):
     def _saturated(self, candidates: Sequence[Backend]) -> bool:
         pool = [b for b in candidates if b.role is Role.PREFILL]
         limit = self.params.saturation_pending_tokens
-        return bool(pool) and all(b.load.pending_prefill_tokens >= limit for b in pool)
+        return bool(pool) and all(pending_prefill_tokens(b) >= limit for b in pool)
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._counter = Counter(

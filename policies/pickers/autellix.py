@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
+from policies.loads import in_flight
 from policies.pickers.baseline import least_in_flight
 from policies.pickers.rotation import Rotation
 from policies.plugin import SchedulingRequest
@@ -141,9 +142,9 @@ class AutellixPicker(PluginBase):
             "programs_in_table": len(self._table),
             "engines": {
                 b.id: {
-                    "active_requests": b.load.in_flight,
+                    "active_requests": in_flight(b),
                     "programs_assigned": per_engine.get(b.id, 0),
-                    "workload": b.load.in_flight,
+                    "workload": in_flight(b),
                 }
                 for b in self._engines
                 if b.id not in self._removed

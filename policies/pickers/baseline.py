@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
+from policies.loads import in_flight
 from policies.pickers.rotation import Rotation
 from policies.plugin import SchedulingRequest
 from policies.plugin_base import PluginBase, SeededPlugin
@@ -24,14 +25,18 @@ class RoundRobinPicker(PluginBase):
 
 
 def least_in_flight(candidates: Sequence[Backend], start: int) -> Backend:
-    """Fewest requests in flight through this proxy; ties go to the first from `start`."""
+    """Fewest requests in flight through this proxy (all its workers: `loads.in_flight`,
+    written out here because this loop is the default policy's whole decision); ties go to
+    the first from `start`."""
     n = len(candidates)
     best = candidates[start]
-    best_load = best.load.in_flight
+    load = best.load
+    best_load = load.in_flight + load.peer_in_flight
     for k in range(1, n):
         b = candidates[(start + k) % n]
-        if b.load.in_flight < best_load:
-            best, best_load = b, b.load.in_flight
+        load = b.load
+        if load.in_flight + load.peer_in_flight < best_load:
+            best, best_load = b, load.in_flight + load.peer_in_flight
     return best
 
 
@@ -47,7 +52,7 @@ class LeastRequestsPicker(PluginBase):
     ) -> Backend:
         if req.explain:
             for b in candidates:
-                req.note(b.id, "in_flight", b.load.in_flight)
+                req.note(b.id, "in_flight", in_flight(b))
         return least_in_flight(candidates, self._rotation.start(len(candidates)))
 
 
@@ -65,6 +70,6 @@ class PowerOfTwoPicker(SeededPlugin):
         i, j = self._rng.sample(range(n), 2)
         a, b = candidates[i], candidates[j]
         if req.explain:
-            req.note(a.id, "in_flight", a.load.in_flight)
-            req.note(b.id, "in_flight", b.load.in_flight)
-        return b if b.load.in_flight < a.load.in_flight else a
+            req.note(a.id, "in_flight", in_flight(a))
+            req.note(b.id, "in_flight", in_flight(b))
+        return b if in_flight(b) < in_flight(a) else a

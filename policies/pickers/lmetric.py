@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
-from policies.loads import batch_size
+from policies.loads import batch_size, pending_prefill_tokens
 from policies.pickers.rotation import Rotation
 from policies.plugin import RoutingServices, SchedulingRequest
 from policies.plugin_base import PluginBase
@@ -37,9 +37,10 @@ def lmetric_argmin(req: SchedulingRequest, candidates: Sequence[Backend], start:
     for b in rotated:
         uncached = uncached_at.get(b.spec.id, all_uncached)
         bs = batch_size(b)
-        score = (b.load.pending_prefill_tokens + uncached) * bs
+        p_tokens = pending_prefill_tokens(b) + uncached
+        score = p_tokens * bs
         if explain:
-            req.note(b.id, "p_tokens", b.load.pending_prefill_tokens + uncached)
+            req.note(b.id, "p_tokens", p_tokens)
             req.note(b.id, "bs", bs)
             req.note(b.id, "lmetric", score)
             req.note(b.id, "uncached_tokens", uncached)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from fleet.types import Backend
-from policies.loads import kv_usage, queue_size, running_size
+from policies.loads import kv_usage, pending_prefill_tokens, queue_size, running_size
 from policies.plugin import SchedulingRequest
 from policies.plugin_base import PluginBase
 from policies.scorers.normalize import inverse_min_max
@@ -56,7 +56,7 @@ class RunningRequestsScorer(PluginBase):
 def token_load(b: Backend) -> float:
     """Tokens the engine holds or must still prefill: pending prefill tokens (our accounting)
     plus KV tokens in use, when the backend publishes its cache size."""
-    load = float(b.load.pending_prefill_tokens)
+    load = float(pending_prefill_tokens(b))
     if b.snapshot is None:
         return load
     m = b.snapshot.metrics

@@ -1,0 +1,248 @@
+"""Keeping the proxy's worker processes in step (`--workers N`, see proxy/workers.py).
+
+Each worker runs one `PeerSync` task. Every `peer_sync_interval` it
+1. applies the fleet changes (admin add / remove / drain / undrain) appended to the shared
+   change log since its last step, in log order, its own included;
+2. publishes its per-backend load into its row of the shared segment;
+3. reads the other workers' rows into `Load.peer_*`.
+
+The admin API changes the fleet through a `FleetChanges`: with one worker `LocalChanges`
+changes the registry directly, as it always has; with several `SharedChanges` appends to the
+log and answers once this worker has applied the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from fleet.change_log import Change, ChangeLog
+from fleet.clock import Clock, SystemClock
+from fleet.peer_load import INITIAL_GENERATION, PeerLoad, SlotTable, WorkerRow
+from fleet.registry import DuplicateBackend, FleetRegistry
+from fleet.types import Backend, BackendSpec, Role
+
+log = logging.getLogger("fleet_proxy.workers")
+
+Outcome = Literal["ok", "duplicate", "missing"]
+
+
+class FleetChanges(Protocol):
+    """The fleet changes the admin API makes."""
+
+    async def add(self, spec: BackendSpec) -> Backend:
+        """Raises DuplicateBackend when the id is taken."""
+        ...
+
+    async def remove(self, backend_id: str) -> Backend | None: ...
+
+    async def set_draining(self, backend_id: str, draining: bool) -> Backend | None: ...
+
+
+def add_backend(fleet: FleetRegistry, spec: BackendSpec) -> Backend:
+    backend = fleet.add(spec)
+    # Not routable until its first health check, models and scrape: the scraper does them.
+    backend.healthy = False
+    return backend
+
+
+class LocalChanges:
+    """One process: change the registry directly."""
+
+    def __init__(self, fleet: FleetRegistry) -> None:
+        self.fleet = fleet
+
+    async def add(self, spec: BackendSpec) -> Backend:
+        return add_backend(self.fleet, spec)
+
+    async def remove(self, backend_id: str) -> Backend | None:
+        return self.fleet.remove(backend_id)
+
+    async def set_draining(self, backend_id: str, draining: bool) -> Backend | None:
+        return self.fleet.set_draining(backend_id, draining)
+
+
+def spec_to_change(spec: BackendSpec) -> Change:
+    return {
+        "op": "add",
+        "spec": {
+            "id": spec.id,
+            "url": spec.url,
+            "role": spec.role.value,
+            "node": spec.node,
+            "unit": spec.unit,
+            "labels": dict(spec.labels),
+            "models": list(spec.models),
+        },
+    }
+
+
+def spec_from_change(data: Mapping[str, Any]) -> BackendSpec:
+    return BackendSpec(
+        id=str(data["id"]),
+        url=str(data["url"]),
+        role=Role(data["role"]),
+        node=str(data["node"]),
+        unit=str(data["unit"]),
+        labels={str(k): str(v) for k, v in data["labels"].items()},
+        models=tuple(str(m) for m in data["models"]),
+    )
+
+
+def generation_at(position: int) -> int:
+    """Slot generation of a backend added by the change at `position` in the log: distinct
+    from the configured backends' and from every other change's."""
+    return position + INITIAL_GENERATION + 1
+
+
+def apply_change(fleet: FleetRegistry, slots: SlotTable, position: int, change: Change) -> Outcome:
+    """Apply one logged change. Deterministic: every worker, applying the same log in the same
+    order from the same configured fleet, reaches the same registry and slot table."""
+    op = change["op"]
+    if op == "add":
+        spec = spec_from_change(change["spec"])
+        try:
+            add_backend(fleet, spec)
+        except DuplicateBackend:
+            return "duplicate"
+        if slots.assign(spec.id, generation_at(position)) is None:
+            log.warning(
+                "backend %s has no shared load slot (all %d taken): "
+                "workers do not see each other's load on it",
+                spec.id,
+                slots.slots,
+            )
+        return "ok"
+    backend_id = str(change["id"])
+    if op == "remove":
+        if fleet.remove(backend_id) is None:
+            return "missing"
+        slots.release(backend_id)
+        return "ok"
+    if op == "drain":
+        found = fleet.set_draining(backend_id, bool(change["draining"]))
+        return "missing" if found is None else "ok"
+    raise ValueError(f"unknown fleet change {op!r}")
+
+
+class PeerSync:
+    """One worker's side of the shared accounting and change log."""
+
+    def __init__(
+        self,
+        fleet: FleetRegistry,
+        peers: PeerLoad,
+        changes: ChangeLog,
+        interval: float,
+        clock: Clock | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.clock: Clock = clock or SystemClock()
+        self.peers = peers
+        self.changes = changes
+        self.interval = interval
+        self.slots = SlotTable(peers.layout.slots)
+        for b in fleet:
+            self.slots.assign(b.id, INITIAL_GENERATION)
+        self.pid = os.getpid()
+        self.ticks = 0
+
+    @property
+    def worker(self) -> int:
+        return self.peers.worker
+
+    def apply_pending(self) -> dict[int, Outcome]:
+        """Apply the changes logged since the last call; their outcomes by log position."""
+        outcomes: dict[int, Outcome] = {}
+        for position, change in self.changes.read_new():
+            try:
+                outcomes[position] = apply_change(self.fleet, self.slots, position, change)
+            except (KeyError, ValueError, TypeError) as e:
+                # Written by a worker of this same proxy, so only a bug gets here: skip it in
+                # every worker alike rather than stop applying changes.
+                log.error("skipping fleet change at %d (%r): %s", position, change, e)
+                outcomes[position] = "missing"
+        return outcomes
+
+    def step(self) -> None:
+        self.apply_pending()
+        self.ticks += 1
+        backends = list(self.fleet)
+        now = self.clock.now()
+        stale_after = self.fleet.stale_after
+        self.peers.publish(
+            backends,
+            self.slots,
+            pid=self.pid,
+            tick=self.ticks,
+            routable=sum(1 for b in backends if b.routable(now, stale_after)),
+            applied=self.changes.read_to,
+        )
+        self.peers.absorb(backends, self.slots)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    self.step()
+                except Exception:  # one bad step must not end the sharing
+                    log.exception("peer sync step failed")
+                await asyncio.sleep(self.interval)
+        finally:
+            self.peers.clear_own_row()
+
+    def submit(self, change: Change) -> Outcome:
+        """Log `change`, apply the log up to it here and now, and say how it went."""
+        position = self.changes.append(change)
+        # No await between the append and here: nothing else in this worker reads the log
+        # meanwhile, so the change is among those applied now.
+        return self.apply_pending()[position]
+
+    def rows(self) -> list[WorkerRow]:
+        return self.peers.rows()
+
+    def close(self) -> None:
+        self.changes.close()
+        self.peers.close()
+
+
+class SharedChanges:
+    """Several workers: every change goes through the shared log."""
+
+    def __init__(self, sync: PeerSync) -> None:
+        self.sync = sync
+        self.fleet = sync.fleet
+
+    async def add(self, spec: BackendSpec) -> Backend:
+        if self.sync.submit(spec_to_change(spec)) == "duplicate":
+            raise DuplicateBackend(f"backend {spec.id!r} is already registered")
+        backend = self.fleet.get(spec.id)
+        assert backend is not None  # just added here, and nothing awaited since
+        return backend
+
+    async def remove(self, backend_id: str) -> Backend | None:
+        self.sync.apply_pending()  # so a backend another worker just added is found
+        backend = self.fleet.get(backend_id)
+        if self.sync.submit({"op": "remove", "id": backend_id}) != "ok":
+            return None
+        return backend
+
+    async def set_draining(self, backend_id: str, draining: bool) -> Backend | None:
+        if self.sync.submit({"op": "drain", "id": backend_id, "draining": draining}) != "ok":
+            return None
+        return self.fleet.get(backend_id)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeat:
+    """What a worker process is told by the supervisor: which row is its own, and where the
+    shared segment and change log are."""
+
+    index: int
+    count: int
+    segment: str
+    change_log: str

@@ -1,0 +1,247 @@
+"""`fleet-proxy serve --workers N`: N serving processes behind one port, one supervisor.
+
+A single Python process tops out near one core; the proxy's per-request work is independent
+between requests, so N processes serve N times as much, as long as routing still sees the
+whole proxy's load on every backend. The supervisor (this module) creates what the workers
+share (proxy/peer_sync.py):
+- a shared-memory segment with one row of per-backend load per worker (fleet/peer_load.py);
+- a change log for the admin API's fleet changes (fleet/change_log.py), in a temp directory;
+then binds the listening port, starts the workers (multiprocessing, spawn: a fresh
+interpreter, nothing inherited but the socket), prints the banner, and waits. SIGINT or
+SIGTERM is passed on to every worker as SIGTERM (uvicorn's graceful stop) and the supervisor
+returns when all have ended; a worker that ends on its own stops the rest and the supervisor
+exits non-zero naming it. Workers also get SIGTERM from the kernel should the supervisor die
+without a word (PR_SET_PDEATHSIG), so none outlives it.
+
+Each worker keeps its own policy state (prefix index, sessions, programs), its own scrapes
+of every backend and its own /metrics: see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from fleet.peer_load import PeerLayout, PeerSegment
+from proxy.peer_sync import WorkerSeat
+from proxy.settings import Settings
+
+log = logging.getLogger("fleet_proxy.workers")
+
+BACKLOG = 4096
+# How long stopped workers may take to finish their requests before they are killed.
+STOP_GRACE_SECONDS = 30.0
+_PR_SET_PDEATHSIG = 1
+
+ListenMode = Literal["shared", "reuseport"]  # as Settings.worker_listen
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """How a worker gets its listening socket: the supervisor's own (`shared`, one accept
+    queue that idle workers take connections from), or one of its own bound with SO_REUSEPORT
+    to the same port (`reuseport`, the kernel hashes each new connection to one worker)."""
+
+    mode: ListenMode
+    family: int
+    address: tuple[Any, ...]
+    sock: socket.socket | None = None
+
+    def worker_socket(self) -> socket.socket:
+        if self.mode == "shared":
+            assert self.sock is not None
+            return self.sock
+        return listening_socket(self.family, self.address, reuse_port=True)
+
+
+def bound_socket(family: int, address: tuple[Any, ...], *, reuse_port: bool) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    return sock
+
+
+def listening_socket(family: int, address: tuple[Any, ...], *, reuse_port: bool) -> socket.socket:
+    sock = bound_socket(family, address, reuse_port=reuse_port)
+    sock.listen(BACKLOG)
+    return sock
+
+
+def resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return int(family), tuple(address)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the supervisor goes; if it already has, go now."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def worker_main(
+    settings_data: dict[str, Any], seat: WorkerSeat, listen: Listen, parent: int
+) -> None:
+    """One worker process: the same server as `run_serve` in proxy/cli.py, on the shared port."""
+    _die_with_parent(parent)
+    # Ctrl-C reaches the whole process group; the supervisor passes it on as SIGTERM, once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import uvicorn
+
+    from proxy.app import create_app
+
+    settings = Settings(**settings_data)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [worker {seat.index}] %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    app = create_app(settings, seat=seat)
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level=settings.log_level,
+        backlog=BACKLOG,
+        proxy_headers=False,
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[listen.worker_socket()])
+    if not server.started:
+        sys.exit(3)  # as uvicorn's own CLI: the app or the socket failed at start-up
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, listen_mode: ListenMode = "shared") -> None:
+        self.settings = settings
+        self.listen_mode = listen_mode
+        self.workers: list[BaseProcess] = []
+        self.stopping = False
+        self._signals = 0
+
+    def _on_signal(self, signum: int, _: FrameType | None) -> None:
+        self._signals += 1
+        self.stopping = True
+        # A second signal: stop now, without waiting for requests to finish.
+        sig = signal.SIGTERM if self._signals == 1 else signal.SIGKILL
+        self._signal_workers(sig)
+
+    def _signal_workers(self, sig: int) -> None:
+        for p in self.workers:
+            if p.pid is not None and p.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, sig)
+
+    def _stop_all(self, grace: float) -> None:
+        self._signal_workers(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in self.workers:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if any(p.exitcode is None for p in self.workers):
+            self._signal_workers(signal.SIGKILL)
+            for p in self.workers:
+                p.join()
+
+    def run(self, banner: Callable[[int], str]) -> int:
+        """Serve until a signal or a worker's death; `banner(port)` is printed once."""
+        s = self.settings
+        family, address = resolve(s.host, s.port)
+        shared = self.listen_mode == "shared"
+        if shared:
+            # The one socket every worker accepts on.
+            sock = listening_socket(family, address, reuse_port=False)
+        else:
+            # Held bound but never listening (so it takes no connections): it fixes the port
+            # when port 0 was asked for, and the workers bind theirs beside it.
+            sock = bound_socket(family, address, reuse_port=True)
+        port = int(sock.getsockname()[1])
+        address = (address[0], port, *address[2:])
+        listen = Listen(self.listen_mode, family, address, sock if shared else None)
+        segment = PeerSegment(PeerLayout(workers=s.workers))
+        tmp = Path(tempfile.mkdtemp(prefix="fleet-proxy-"))
+        change_log = tmp / "fleet-changes.jsonl"
+        change_log.touch()
+        settings_data = s.model_dump()
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            for i in range(s.workers):
+                seat = WorkerSeat(i, s.workers, segment.name, str(change_log))
+                p = ctx.Process(
+                    target=worker_main,
+                    args=(settings_data, seat, listen, os.getpid()),
+                    name=f"fleet-proxy-worker-{i}",
+                )
+                p.start()
+                self.workers.append(p)
+                if self.stopping:
+                    break
+            print(banner(port), flush=True)
+            return self._wait()
+        finally:
+            self._stop_all(STOP_GRACE_SECONDS)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            sock.close()
+            segment.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _wait(self) -> int:
+        running = {p.sentinel: p for p in self.workers}
+        while running:
+            for sentinel in wait(list(running), timeout=0.5):
+                assert isinstance(sentinel, int)
+                p = running.pop(sentinel)
+                p.join()
+                if not self.stopping:
+                    index = self.workers.index(p)
+                    print(
+                        f"fleet-proxy: worker {index} (pid {p.pid}) {describe_exit(p.exitcode)}"
+                        "; stopping the other workers",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    self.stopping = True
+                    self._stop_all(STOP_GRACE_SECONDS)
+                    return 1
+        return 0
+
+
+def run_workers(settings: Settings, banner: Callable[[int], str]) -> int:
+    return Supervisor(settings, settings.worker_listen).run(banner)

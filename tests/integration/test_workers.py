@@ -1,0 +1,222 @@
+"""`fleet-proxy serve --workers 2` as a real process tree in front of fake backends on real
+sockets: both workers serve, every answer is right, they see each other's load, an admin
+drain on one reaches the other, and no worker outlives the supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.fake_backend import FakeBackend
+
+REPO = Path(__file__).resolve().parents[2]
+BANNER = re.compile(rb"base_url = http://127\.0\.0\.1:(\d+)/v1")
+EXPECTED_TEXT = "".join(f"t{i} " for i in range(8))  # FakeBackend's answer, 8 chunks
+
+
+@dataclass
+class Served:
+    process: asyncio.subprocess.Process
+    url: str
+
+    async def workers(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        r = await client.get(self.url + "/admin/workers")
+        r.raise_for_status()
+        data: dict[str, Any] = r.json()
+        return data
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
+    """Poll until true; a bound on a wait, not a timed assertion."""
+    async with asyncio.timeout(within):
+        while not await predicate():
+            await asyncio.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has finished: its parent has only not reaped it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextlib.asynccontextmanager
+async def serve(backends: list[str], *extra: str) -> AsyncIterator[Served]:
+    """A 2-worker proxy on a port of its own choosing (read from its banner), every worker
+    routing to every backend before this yields."""
+    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", "0"]
+    cmd += ["--log-level", "warning", *extra]
+    for b in backends:
+        cmd += ["--backend", b]
+    env = {
+        **os.environ,
+        "FLEET_PROXY_SCRAPE_INTERVAL": "0.05",
+        "FLEET_PROXY_HEALTH_INTERVAL": "0.1",
+    }
+    process = await asyncio.create_subprocess_exec(
+        *cmd, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=30)
+        match = BANNER.search(line)
+        assert match, f"no banner: {line!r}"
+        served = Served(process, f"http://127.0.0.1:{int(match.group(1))}")
+        async with httpx.AsyncClient(timeout=5) as client:
+
+            async def every_worker_routes() -> bool:
+                with contextlib.suppress(httpx.HTTPError):
+                    rows = (await served.workers(client))["rows"]
+                    return all(r["routable"] == len(backends) for r in rows)
+                return False
+
+            await wait_for(every_worker_routes, within=30)
+        yield served
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=20)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[list[FakeBackend]]:
+    fakes = [FakeBackend(), FakeBackend()]
+    for f in fakes:
+        await f.start()
+    yield fakes
+    for f in fakes:
+        await f.stop()
+
+
+def backend_id(b: FakeBackend) -> str:
+    return b.url.removeprefix("http://")
+
+
+async def complete(client: httpx.AsyncClient, url: str, i: int) -> httpx.Response:
+    body = {"model": "fake-model", "prompt": f"request {i}", "max_tokens": 8}
+    if i % 4 == 3:
+        body["stream"] = True
+    return await client.post(url + "/v1/completions", json=body)
+
+
+def text_of(r: httpx.Response) -> str:
+    if r.headers["content-type"].startswith("text/event-stream"):
+        events = [ln[6:] for ln in r.text.split("\n") if ln.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    return str(r.json()["choices"][0]["text"])
+
+
+async def burst(
+    url: str, n: int, concurrency: int, *, new_connections: bool
+) -> list[httpx.Response]:
+    # Without keep-alive every request is a new connection, accepted by whichever worker
+    # takes it: the way to reach both workers from one client.
+    limits = httpx.Limits(
+        max_connections=concurrency, max_keepalive_connections=0 if new_connections else None
+    )
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        return await asyncio.gather(*(complete(client, url, i) for i in range(n)))
+
+
+async def test_two_workers_serve_share_load_and_admin_changes(
+    backends: list[FakeBackend],
+) -> None:
+    ids = {backend_id(b) for b in backends}
+    async with serve([b.url for b in backends], "--policy", "round_robin") as served:
+        url = served.url
+        responses = await burst(url, 240, 32, new_connections=True)
+        for r in responses:
+            assert r.status_code == 200, r.text
+            assert text_of(r) == EXPECTED_TEXT
+            assert r.headers["x-fleet-backend"] in ids
+            assert r.headers["x-request-id"]
+        async with httpx.AsyncClient(timeout=5) as client:
+            info = await served.workers(client)
+            dispatched = [row["dispatched"] for row in info["rows"]]
+            assert info["workers"] == 2
+            assert sum(dispatched) == 240
+            assert min(dispatched) > 0, f"one worker served nothing: {dispatched}"
+            metrics = (await client.get(url + "/metrics")).text
+            assert re.search(r'target_info\{.*worker="[01]"', metrics)
+
+            # Peers' load: requests held at the backends are counted by every worker, each
+            # seeing its own in_flight plus its peer's.
+            for b in backends:
+                b.behaviour.first_byte_delay = 3.0
+            held = asyncio.ensure_future(burst(url, 8, 8, new_connections=True))
+
+            # Each worker's view, asked on new connections until both have answered with all
+            # 8 counted: own + peer == 8 in each, however the 8 were split between them.
+            views: dict[int, dict[str, dict[str, int]]] = {}
+
+            async def both_see_all_eight() -> bool:
+                async with httpx.AsyncClient(timeout=5) as fresh:
+                    info = await served.workers(fresh)
+                loads = info["backends"].values()
+                if sum(ld["in_flight"] + ld["peer_in_flight"] for ld in loads) == 8:
+                    views[info["answered_by"]] = info["backends"]
+                return len(views) == 2
+
+            await wait_for(both_see_all_eight)
+            for bid in ids:
+                assert views[0][bid]["in_flight"] == views[1][bid]["peer_in_flight"]
+                assert views[1][bid]["in_flight"] == views[0][bid]["peer_in_flight"]
+            for b in backends:
+                b.behaviour.first_byte_delay = 0.0
+            assert all(r.status_code == 200 for r in await held)
+
+            # An admin drain answered by one worker reaches the other.
+            drained, other = sorted(ids)
+            r = await client.post(f"{url}/admin/backends/{drained}/drain")
+            assert r.status_code == 200 and r.json()["draining"] is True
+
+            async def both_applied() -> bool:
+                rows = (await served.workers(client))["rows"]
+                return len({row["changes_applied_to"] for row in rows}) == 1
+
+            await wait_for(both_applied)
+            before = [row["dispatched"] for row in (await served.workers(client))["rows"]]
+            after_drain = await burst(url, 80, 16, new_connections=True)
+            assert all(r.status_code == 200 for r in after_drain)
+            assert {r.headers["x-fleet-backend"] for r in after_drain} == {other}
+            rows = (await served.workers(client))["rows"]
+            served_now = [row["dispatched"] - b for row, b in zip(rows, before, strict=True)]
+            assert min(served_now) > 0, f"one worker served nothing after the drain: {served_now}"
+
+        # SIGTERM on the supervisor ends every worker.
+        pids = [row["pid"] for row in rows]
+        assert all(alive(pid) for pid in pids)
+        served.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(served.process.wait(), timeout=20) == 0
+        assert not any(alive(pid) for pid in pids)
+
+
+async def test_a_dying_worker_stops_the_proxy_and_is_named(backends: list[FakeBackend]) -> None:
+    async with serve([backends[0].url]) as served, httpx.AsyncClient(timeout=5) as client:
+        rows = (await served.workers(client))["rows"]
+        pids = {row["worker"]: row["pid"] for row in rows}
+        os.kill(pids[1], signal.SIGKILL)
+        assert await asyncio.wait_for(served.process.wait(), timeout=20) == 1
+        assert served.process.stderr is not None
+        err = (await served.process.stderr.read()).decode()
+        assert f"worker 1 (pid {pids[1]}) was killed by SIGKILL" in err
+        assert not alive(pids[0])
