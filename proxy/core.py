@@ -7,7 +7,6 @@ import contextlib
 import logging
 from typing import Any
 
-import aiohttp
 import httpx
 from prometheus_client import CollectorRegistry
 
@@ -20,6 +19,7 @@ from policies.registry import build_policy, build_routing
 from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.settings import Settings
+from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("fleet_proxy")
 
@@ -49,25 +49,18 @@ class ProxyCore:
         if callable(removed):
             self.fleet.on_removed(removed)
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
-        self.session: aiohttp.ClientSession | None = None
+        self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
         self.control: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
         s = self.settings
-        connector = aiohttp.TCPConnector(
-            limit=s.max_connections, limit_per_host=0, ttl_dns_cache=300, enable_cleanup_closed=True
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            # Relay bytes exactly as the backend sent them.
-            auto_decompress=False,
-            # sock_connect, not connect: aiohttp's `connect` also counts the wait for a pooled
-            # connection, which is this proxy's own queueing, not a backend failing to answer.
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=s.connect_timeout, sock_read=s.read_timeout
-            ),
-            skip_auto_headers=("User-Agent",),
+        # Forwarding uses its own lean client (proxy/upstream.py), never httpx: per request it
+        # costs a fraction of any general-purpose client (docs/performance.md).
+        self.upstream = UpstreamPool(
+            connect_timeout=s.connect_timeout,
+            read_timeout=s.read_timeout,
+            max_idle_per_origin=s.max_connections,
         )
         self.control = httpx.AsyncClient(
             timeout=s.scrape_timeout, limits=httpx.Limits(max_connections=256)
@@ -103,7 +96,7 @@ class ProxyCore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self.session is not None:
-            await self.session.close()
+        if self.upstream is not None:
+            await self.upstream.close()
         if self.control is not None:
             await self.control.aclose()

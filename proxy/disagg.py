@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 from fleet.types import Backend
 from proxy.accounting import Dispatch
+from proxy.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("fleet_proxy.disagg")
 
-PREFILLER_HEADER = "x-prefiller-host-port"
+PREFILLER_HEADER = b"x-prefiller-host-port"
 _REMOTE_DECODE = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -61,24 +62,24 @@ class PrefillFailed(Exception):
 
 
 async def run_prefill_leg(
-    session: aiohttp.ClientSession,
+    pool: UpstreamPool,
     prefill: Backend,
+    origin: str,
     path: str,
     body: dict[str, Any],
-    headers: dict[str, str],
+    headers: Sequence[tuple[bytes, bytes]],
     prompt_tokens: int,
     limit_s: float,
 ) -> dict[str, Any]:
-    """POST the prefill leg; return the kv_transfer_params the decode leg needs."""
+    """POST the prefill leg to `origin` + `path` (on `prefill`); return the
+    kv_transfer_params the decode leg needs."""
     dispatch = Dispatch(prefill.load, prompt_tokens)
     try:
-        async with (
-            asyncio.timeout(limit_s),
-            session.post(prefill.url + path, data=prefill_body(body), headers=headers) as resp,
-        ):
-            data = await resp.read()
-            if resp.status != 200:
-                raise PrefillFailed("status", f"{prefill.id} answered HTTP {resp.status}")
+        async with asyncio.timeout(limit_s):
+            async with await pool.request(origin, path, headers, prefill_body(body)) as resp:
+                data = await resp.read()
+                if resp.status != 200:
+                    raise PrefillFailed("status", f"{prefill.id} answered HTTP {resp.status}")
         try:
             params = orjson.loads(data).get("kv_transfer_params")
         except (orjson.JSONDecodeError, AttributeError):
@@ -86,9 +87,9 @@ async def run_prefill_leg(
         if not isinstance(params, dict):
             raise PrefillFailed("bad_response", f"{prefill.id} returned no kv_transfer_params")
         return params
-    except aiohttp.ClientError as e:
-        # Before TimeoutError: aiohttp's connect and read timeouts are both.
-        raise PrefillFailed("connect", f"{prefill.id}: {type(e).__name__}: {e}") from None
+    except UpstreamError as e:
+        reason = "timeout" if e.kind == "timeout" else "connect"
+        raise PrefillFailed(reason, f"{prefill.id}: {e}") from None
     except TimeoutError:
         raise PrefillFailed("timeout", f"{prefill.id} took over {limit_s:g}s") from None
     finally:

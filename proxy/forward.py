@@ -1,4 +1,4 @@
-"""The hot path: a raw ASGI handler for the OpenAI endpoints, forwarding with aiohttp.
+"""The hot path: a raw ASGI handler for the OpenAI endpoints, forwarding with proxy/upstream.
 
 Why not a FastAPI route with httpx: measured here (REFERENCE §7) that costs ~14x the CPU per
 request. This handler parses the body once, never looks inside a stream chunk beyond counting
@@ -21,7 +21,6 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import aiohttp
 import orjson
 from tenacity import (
     AsyncRetrying,
@@ -44,6 +43,7 @@ from proxy.openai_request import (
     parse_object,
     require_model,
 )
+from proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse, split_url
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -122,21 +122,21 @@ class Forwarder:
         self._on_finish = getattr(core.policy, "on_finish", None)
         self._chars_per_token = core.settings.chars_per_token
         self._watchers: set[asyncio.Task[None]] = set()
+        self._splits: dict[str, tuple[str, str]] = {}  # backend URL -> (origin, path prefix)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, generates = HOT_ROUTES[scope["path"]]
         arrived = time.perf_counter()
         # One pass over the headers: all of them for routing, the end-to-end ones for upstream.
         headers: dict[str, str] = {}
-        upstream: dict[str, str] = {}
+        upstream: list[tuple[bytes, bytes]] = []  # sent as the client sent them
         for k, v in scope["headers"]:
-            name, value = k.decode("latin-1"), v.decode("latin-1")
-            headers[name] = value
+            headers[k.decode("latin-1")] = v.decode("latin-1")
             if k not in _DROP_REQUEST_HEADERS:
-                upstream[name] = value
+                upstream.append((k, v))
         request_id = headers.get("x-request-id") or os.urandom(16).hex()
         # The same id on every leg lets vLLM's abort and logs line up with ours.
-        upstream["x-request-id"] = request_id
+        upstream.append((b"x-request-id", request_id.encode("latin-1")))
         status = 500
         try:
             body = await self._read_body(receive, headers)
@@ -223,7 +223,7 @@ class Forwarder:
         send: Send,
         ctx: RequestContext,
         raw_body: bytes,
-        upstream_headers: dict[str, str],
+        upstream_headers: list[tuple[bytes, bytes]],
         arrived: float,
     ) -> int:
         watch = _Watch()
@@ -315,9 +315,17 @@ class Forwarder:
         except NoCandidate as e:
             raise _unavailable(str(e)) from None
 
+    def _target(self, backend: Backend, path: str) -> tuple[str, str]:
+        """The origin and full path of `path` on `backend` (its URL may carry a prefix)."""
+        split = self._splits.get(backend.url)
+        if split is None:
+            split = self._splits[backend.url] = split_url(backend.url)
+        origin, prefix = split
+        return origin, prefix + path
+
     async def _prefill_elsewhere(
-        self, ex: _Exchange, decision: Decision, session: aiohttp.ClientSession
-    ) -> tuple[Backend | None, bytes, dict[str, str], int | None]:
+        self, ex: _Exchange, decision: Decision, pool: UpstreamPool
+    ) -> tuple[Backend | None, bytes, list[tuple[bytes, bytes]], int | None]:
         """Carry out the prefill leg of a disaggregated decision.
 
         Returns the prefill backend used (None: prefill on the target), the body and headers
@@ -327,11 +335,13 @@ class Forwarder:
         if prefill is None or ctx.endpoint not in _GENERATION:
             return None, ex.body, ex.headers, None
         if self.settings.pd_mode == "header":
-            return prefill, ex.body, {**ex.headers, PREFILLER_HEADER: host_port(prefill)}, None
+            hint = (PREFILLER_HEADER, host_port(prefill).encode("latin-1"))
+            return prefill, ex.body, [*ex.headers, hint], None
         leg_tokens = decision.prefill_leg_tokens
+        origin, path = self._target(prefill, ex.path)
         try:
             kv = await run_prefill_leg(
-                session, prefill, ex.path, ctx.body, ex.headers,
+                pool, prefill, origin, path, ctx.body, ex.headers,
                 ctx.prompt_tokens if leg_tokens is None else leg_tokens,
                 self.settings.pd_prefill_timeout,
             )  # fmt: skip
@@ -350,9 +360,9 @@ class Forwarder:
         backend = decision.target
         ex.tried.append(backend.id)
         core = self.core
-        session = core.session
-        assert session is not None
-        prefill, body, headers, charge = await self._prefill_elsewhere(ex, decision, session)
+        pool = core.upstream
+        assert pool is not None
+        prefill, body, headers, charge = await self._prefill_elsewhere(ex, decision, pool)
         if charge is None:
             # What the policy expects the backend to compute (its uncached part), else all.
             charge = decision.prefill_tokens
@@ -373,8 +383,9 @@ class Forwarder:
         )
         core.live.add(live)
         sent_start = False
+        origin, path = self._target(backend, ex.path)
         try:
-            async with session.post(backend.url + ex.path, data=body, headers=headers) as resp:
+            async with await pool.request(origin, path, headers, body) as resp:
                 status = resp.status
                 if status in RETRYABLE_STATUS:
                     detail = (await resp.read())[:300].decode("utf-8", "replace")
@@ -387,7 +398,7 @@ class Forwarder:
                 if not ctx.stream or status != 200:
                     data = await resp.read()
                     dispatch.prefilled()
-                    out_headers.append((b"content-length", str(len(data)).encode()))
+                    out_headers.append((b"content-length", b"%d" % len(data)))
                     sent_start = True
                     await ex.send(
                         {"type": "http.response.start", "status": status, "headers": out_headers}
@@ -401,12 +412,10 @@ class Forwarder:
                     await self._relay_stream(ex, resp, backend, dispatch, live)
                 self._observe(ctx.endpoint, ex.arrived)
                 return status
-        except aiohttp.ClientConnectorError as e:
-            raise RetryableUpstream(backend, "connect", f"{type(e).__name__}: {e}") from None
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except UpstreamError as e:
             if sent_start:
                 raise
-            raise RetryableUpstream(backend, "io", f"{type(e).__name__}: {e}") from None
+            raise RetryableUpstream(backend, _failure_kind(e), str(e)) from None
         finally:
             dispatch.release()
             core.live.remove(live)
@@ -416,16 +425,15 @@ class Forwarder:
     async def _relay_stream(
         self,
         ex: _Exchange,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         backend: Backend,
         dispatch: Dispatch,
         live: LiveRequest,
     ) -> None:
         """Every chunk to the client as it arrives; a break ends with an error event."""
         send = ex.send
-        chunks = live.chunks
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp:
                 if not dispatch.decoding:
                     dispatch.first_token()
                     live.first_token_at = time.perf_counter()
@@ -433,15 +441,13 @@ class Forwarder:
                         ex.ctx.endpoint, live.first_token_at - ex.arrived
                     )
                 live.events += chunk.count(b"data: ")
-                chunks.append(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except UpstreamError as e:
             self.core.metrics.upstream_errors.labels(backend.id, "mid_stream").inc()
-            backend.last_error = f"stream broke: {type(e).__name__}: {e}"
-            log.warning("request %s: %s mid-stream: %r", ex.ctx.request_id, backend.id, e)
+            backend.last_error = f"stream broke: {e}"
+            log.warning("request %s: %s mid-stream: %s", ex.ctx.request_id, backend.id, e)
             message = (
-                f"backend {backend.id} failed mid-stream ({type(e).__name__}); "
-                "the response is incomplete"
+                f"backend {backend.id} failed mid-stream ({e.kind}); the response is incomplete"
             )
             await send(
                 {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
@@ -462,7 +468,7 @@ class _Exchange:
         path: str,
         ctx: RequestContext,
         body: bytes,
-        headers: dict[str, str],
+        headers: list[tuple[bytes, bytes]],
         send: Send,
         arrived: float,
     ) -> None:
@@ -499,8 +505,15 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _W
         task.cancel()
 
 
+def _failure_kind(e: UpstreamError) -> str:
+    """Metric and health label: only a refused connection says the backend is down."""
+    if e.kind == "connect":
+        return "connect_timeout" if e.timed_out else "connect"
+    return "io"
+
+
 def _response_headers(
-    raw: tuple[tuple[bytes, bytes], ...], request_id: str, backend_id: str
+    raw: list[tuple[bytes, bytes]], request_id: str, backend_id: str
 ) -> list[tuple[bytes, bytes]]:
     out = [(k.lower(), v) for k, v in raw if k.lower() not in _DROP_RESPONSE_HEADERS]
     out.append((b"x-request-id", request_id.encode("latin-1")))

@@ -1,14 +1,14 @@
 """The live-request table: what the proxy knows about every request in flight.
 
-It keeps what a continuation on another backend needs (the parsed body with the prompt and
-sampling parameters, and the raw stream so far) without parsing chunks on the hot path:
-chunks are kept as the bytes objects already received and decoded only when asked.
+It keeps what the admin API shows and what routing needs about each request (the parsed body
+with the prompt and sampling parameters, where it runs, its progress in SSE events), never
+the stream's bytes: a table of long streams would otherwise grow with every token relayed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -26,10 +26,6 @@ class LiveRequest:
     first_token_at: float | None = None
     events: int = 0  # SSE data events relayed; about one token each on vLLM
     attempts: int = 0
-    chunks: list[bytes] = field(default_factory=list)
-
-    def stream_bytes(self) -> bytes:
-        return b"".join(self.chunks)
 
 
 class LiveTable:

@@ -37,7 +37,8 @@ class RouterMetrics:
         )
         self.upstream_errors = Counter(
             "fleet_proxy_upstream_errors",
-            "Failures talking to a backend",
+            "Failures talking to a backend, by kind: connect (refused), connect_timeout, io, "
+            "status (a 5xx answer), mid_stream",
             ["backend", "kind"],
             registry=registry,
         )

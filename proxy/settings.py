@@ -82,11 +82,15 @@ class Settings(BaseSettings):
     scrape_timeout: float = Field(1.0, gt=0)
     stale_after: float = Field(2.0, gt=0, description="seconds before a snapshot is stale")
 
-    connect_timeout: float = Field(5.0, gt=0)
-    read_timeout: float = Field(600.0, gt=0, description="max silence from a backend")
+    connect_timeout: float = Field(5.0, gt=0, allow_inf_nan=False)
+    read_timeout: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="max silence from a backend"
+    )
     max_attempts: int = Field(3, ge=1, le=10, description="tries before the first byte")
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
-    max_connections: int = Field(2048, ge=1)
+    max_connections: int = Field(
+        2048, ge=1, description="idle keep-alive connections kept per backend"
+    )
     chars_per_token: float = Field(4.0, gt=0)
     # Prompt token counting for routing (fleet/tokens.py): a character estimate, a local HF
     # tokenizer.json (run in a worker thread), or the backends' own /tokenize.

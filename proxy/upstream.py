@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
@@ -56,34 +57,44 @@ class UpstreamError(Exception):
     "connect" means nothing was sent, so any request may be retried elsewhere.
     """
 
-    def __init__(self, kind: UpstreamErrorKind, message: str) -> None:
+    def __init__(self, kind: UpstreamErrorKind, message: str, *, timed_out: bool = False) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind: UpstreamErrorKind = kind
+        # For "connect": the backend did not answer in time (busy?) rather than refusing.
+        self.timed_out = timed_out
 
 
 class _Origin:
     """One backend's address and its idle keep-alive connections (LIFO)."""
 
-    __slots__ = ("host", "host_header", "idle", "name", "port")
+    __slots__ = ("host", "host_header", "idle", "name", "port", "tls")
 
-    def __init__(self, name: str, host: str, port: int, host_header: bytes) -> None:
+    def __init__(self, name: str, host: str, port: int, host_header: bytes, tls: bool) -> None:
         self.name = name
         self.host = host
         self.port = port
         self.host_header = host_header
+        self.tls = tls
         self.idle: list[_Connection] = []
 
 
 def _parse_origin(origin: str) -> _Origin:
     parts = urlsplit(origin)
-    if parts.scheme != "http":
-        raise ValueError(f"only http:// origins are supported, got {origin!r}")
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"only http:// and https:// origins are supported, got {origin!r}")
     if not parts.hostname:
         raise ValueError(f"origin without a host: {origin!r}")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(f"origin must be scheme://host[:port] only, got {origin!r}")
-    port = parts.port or 80
-    return _Origin(origin, parts.hostname, port, parts.netloc.encode("idna"))
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    return _Origin(origin, parts.hostname, port, parts.netloc.encode("idna"), tls)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """A backend URL as (`scheme://host[:port]`, its path prefix without a trailing slash)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
 
 
 class UpstreamResponse:
@@ -444,11 +455,18 @@ class UpstreamPool:
     """Keep-alive HTTP/1.1 connections to any number of backend origins."""
 
     def __init__(
-        self, *, connect_timeout: float, read_timeout: float, max_idle_per_origin: int = 256
+        self,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        max_idle_per_origin: int = 256,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle_per_origin = max_idle_per_origin
+        # For https:// backends; built on first use (loading the CA store costs milliseconds).
+        self._ssl_context = ssl_context
         self._origins: dict[str, _Origin] = {}
         self._conns: set[_Connection] = set()  # every open connection, idle or busy
         self._closed = False
@@ -488,14 +506,25 @@ class UpstreamPool:
 
     async def _connect(self, o: _Origin) -> _Connection:
         loop = asyncio.get_running_loop()
+        tls: ssl.SSLContext | None = None
+        if o.tls:
+            if self._ssl_context is None:
+                self._ssl_context = ssl.create_default_context()
+            tls = self._ssl_context
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, o, loop), o.host, o.port
+                    lambda: _Connection(self, o, loop),
+                    o.host,
+                    o.port,
+                    ssl=tls,
+                    server_hostname=o.host if tls is not None else None,
                 )
         except TimeoutError:
             raise UpstreamError(
-                "connect", f"{o.name}: connect timed out after {self.connect_timeout:g}s"
+                "connect",
+                f"{o.name}: connect timed out after {self.connect_timeout:g}s",
+                timed_out=True,
             ) from None
         except OSError as e:
             raise UpstreamError("connect", f"{o.name}: {e}") from None

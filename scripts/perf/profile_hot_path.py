@@ -108,7 +108,7 @@ async def run(args: argparse.Namespace, ports: list[int]) -> None:
     print(
         f"{args.requests} {kind} requests at concurrency {args.concurrency}, "
         f"policy {args.policy}: {1e6 * cpu / args.requests:.0f} us CPU per request "
-        f"(proxy handler + aiohttp client + this driver), {args.requests / wall:.0f} req/s "
+        f"(proxy handler + upstream client + this driver), {args.requests / wall:.0f} req/s "
         f"wall, {bad} non-200"
     )
     if profiler:

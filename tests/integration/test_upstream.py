@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 import hashlib
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import trustme
 import uvloop
 
 from proxy.upstream import UpstreamError, UpstreamPool
@@ -42,10 +44,10 @@ class Server:
         self.origin = ""
         self._server: asyncio.Server | None = None
 
-    async def start(self) -> Server:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+    async def start(self, tls: ssl.SSLContext | None = None) -> Server:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=tls)
         port = self._server.sockets[0].getsockname()[1]
-        self.origin = f"http://127.0.0.1:{port}"
+        self.origin = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         return self
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -521,8 +523,8 @@ async def test_closing_the_pool_fails_a_response_in_flight(serve) -> None:
         await pool.request(server.origin, "/", [], b"")
 
 
-async def test_only_plain_http_origins(pool) -> None:
-    for origin in ("https://127.0.0.1:1", "http://127.0.0.1:1/v1", "127.0.0.1:1"):
+async def test_only_http_and_https_origins_without_a_path(pool) -> None:
+    for origin in ("ftp://127.0.0.1:1", "http://127.0.0.1:1/v1", "127.0.0.1:1"):
         with pytest.raises(ValueError):
             await pool.request(origin, "/", [], b"")
 
@@ -581,3 +583,58 @@ async def test_idle_connections_beyond_the_limit_are_closed(serve) -> None:
         assert eofs == 1
     finally:
         await pool.close()
+
+
+async def test_https_origin_with_a_trusted_certificate() -> None:
+    """https:// backends work over TLS, verified against the CA the pool is given."""
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await server.read_request(reader) is not None:
+            writer.write(fixed(b"200 OK", b"Content-Length: 6\r\n", b"secure"))
+
+    server = await Server(answer).start(tls=server_tls)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    pool = UpstreamPool(connect_timeout=2.0, read_timeout=5.0, ssl_context=trusting)
+    stranger = UpstreamPool(connect_timeout=2.0, read_timeout=5.0)  # the system CAs only
+    try:
+        for _ in range(2):
+            async with await pool.request(server.origin, "/v1/x", [], b"{}") as resp:
+                assert resp.status == 200
+                assert await resp.read() == b"secure"
+        assert server.accepted == 1  # kept alive over TLS too
+        with pytest.raises(UpstreamError) as err:
+            await stranger.request(server.origin, "/v1/x", [], b"{}")
+        assert err.value.kind == "connect" and not err.value.timed_out
+    finally:
+        await pool.close()
+        await stranger.close()
+        await server.close()
+
+
+async def test_connect_timeout_is_kind_connect_and_says_it_timed_out() -> None:
+    """A port whose accept queue is full drops SYNs: the connect times out, not refused."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    pool = UpstreamPool(connect_timeout=0.3, read_timeout=5.0)
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        with pytest.raises(UpstreamError) as err:
+            await pool.request(f"http://127.0.0.1:{port}", "/", [], b"")
+        assert err.value.kind == "connect" and err.value.timed_out
+    finally:
+        await pool.close()
+        for filler in fillers:
+            filler.close()
+        listener.close()
