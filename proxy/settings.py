@@ -100,10 +100,6 @@ class Settings(BaseSettings):
     pd_mode: Literal["orchestrated", "header"] = "orchestrated"
     pd_prefill_timeout: float = Field(30.0, gt=0)
     log_level: str = "info"
-
-    @field_validator("backends", mode="before")
-    @classmethod
-    def _urls_as_backends(cls, v: Any) -> Any:
     # Serving processes (proxy/workers.py). 1 runs the proxy in this process, as always; more
     # share one listening port and their per-backend accounting (fleet/peer_load.py).
     workers: int = Field(1, ge=1, le=64)
@@ -113,6 +109,10 @@ class Settings(BaseSettings):
     # How workers share the port: one listening socket they all accept on ("shared"), or one
     # SO_REUSEPORT socket each ("reuseport"). See docs/performance.md for which spreads better.
     worker_listen: Literal["shared", "reuseport"] = "shared"
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _urls_as_backends(cls, v: Any) -> Any:
         if isinstance(v, str):
             v = [u for u in v.replace(",", " ").split() if u]
         if isinstance(v, list):
