@@ -441,6 +441,10 @@ class Forwarder:
                         ex.ctx.endpoint, live.first_token_at - ex.arrived
                     )
                 live.events += chunk.count(b"data: ")
+                if resp.at_end:
+                    # The last bytes and the end of the response in one write.
+                    await send({"type": "http.response.body", "body": chunk})
+                    return
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamError as e:
             self.core.metrics.upstream_errors.labels(backend.id, "mid_stream").inc()

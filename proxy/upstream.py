@@ -179,13 +179,24 @@ class UpstreamResponse:
                 self._waiter = None
                 self.release()
                 raise
-        piece = pieces.popleft()
+        # Everything already here goes out as one piece: a consumer that fell behind (or a
+        # read that brought several chunks) relays them in one write, never waiting for more.
+        if len(pieces) == 1:
+            piece = pieces.popleft()
+        else:
+            piece = b"".join(pieces)
+            pieces.clear()
         conn = self._conn
         if conn is not None:
             self._size -= len(piece)
             if conn.paused and self._size <= LOW_WATER:
                 conn.resume()
         return piece
+
+    @property
+    def at_end(self) -> bool:
+        """The body is complete and every piece of it was handed over."""
+        return self._complete and not self._pieces
 
     def release(self) -> None:
         """Done with this response. Idempotent; closes the socket unless the body is complete.

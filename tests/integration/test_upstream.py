@@ -638,3 +638,25 @@ async def test_connect_timeout_is_kind_connect_and_says_it_timed_out() -> None:
         for filler in fillers:
             filler.close()
         listener.close()
+
+
+async def test_pieces_already_received_come_out_as_one(serve, pool) -> None:
+    """Ten chunks in one write reach the reader as one piece, and at_end says it was the last."""
+    events = [b"data: %d\n\n" % i for i in range(10)]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + framed + b"0\r\n\r\n"
+        )
+        await writer.drain()
+        await reader.read()
+
+    server = await serve(handler)
+    async with await pool.request(server.origin, "/", [], b"{}") as resp:
+        assert not resp.at_end
+        pieces = [piece async for piece in resp]
+        assert resp.at_end
+    assert b"".join(pieces) == b"".join(events)
+    assert len(pieces) < len(events)
