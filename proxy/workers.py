@@ -181,13 +181,17 @@ class Supervisor:
         s = self.settings
         family, address = resolve(s.host, s.port)
         shared = self.listen_mode == "shared"
-        if shared:
-            # The one socket every worker accepts on.
-            sock = listening_socket(family, address, reuse_port=False)
-        else:
-            # Held bound but never listening (so it takes no connections): it fixes the port
-            # when port 0 was asked for, and the workers bind theirs beside it.
-            sock = bound_socket(family, address, reuse_port=True)
+        try:
+            if shared:
+                # The one socket every worker accepts on.
+                sock = listening_socket(family, address, reuse_port=False)
+            else:
+                # Held bound but never listening (so it takes no connections): it fixes the
+                # port when port 0 was asked for, and the workers bind theirs beside it.
+                sock = bound_socket(family, address, reuse_port=True)
+        except OSError as e:
+            print(f"fleet-proxy: cannot listen on {s.host}:{s.port}: {e}", file=sys.stderr)
+            return 1
         port = int(sock.getsockname()[1])
         address = (address[0], port, *address[2:])
         listen = Listen(self.listen_mode, family, address, sock if shared else None)

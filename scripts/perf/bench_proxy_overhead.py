@@ -6,7 +6,11 @@ then drives each target with wrk (1 thread) non-streaming (16 tokens) and stream
 events) at each concurrency, and at concurrency 1 for the latency fleet-proxy adds.
 Everything runs on this machine, so compare figures within one run only.
 
-    python scripts/perf/bench_proxy_overhead.py [--vllm-router] [--duration 8]
+    python scripts/perf/bench_proxy_overhead.py [--vllm-router] [--duration 8] [--workers N]
+
+With --workers N fleet-proxy runs as N worker processes (`fleet-proxy serve --workers N`);
+its CPU per request is then the supervisor's and all its workers' together, and each run
+also prints how the requests split between the workers (from /admin/workers).
 
 Needs `wrk` (Debian package) on PATH. Writes runs/perf-<time>/results.json and prints a table.
 """
@@ -56,9 +60,39 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not answer 200 within {timeout:.0f}s")
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int) -> list[int]:
+    """pid's children, their children, and so on (from every process's parent in /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                children.setdefault(int(_stat(int(entry.name))[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """CPU time of pid and every live process below it (a supervisor and its workers)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            fields = _stat(p)
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
+
+
+def worker_dispatched(base: str) -> list[int]:
+    """Requests each fleet-proxy worker has dispatched so far."""
+    with urllib.request.urlopen(base + "/admin/workers", timeout=5) as r:
+        return [int(row["dispatched"]) for row in json.load(r)["rows"]]
 
 
 @contextlib.contextmanager
@@ -121,6 +155,13 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
     p.add_argument("--vllm-router", action="store_true", help="also measure PyPI vllm-router")
+    p.add_argument("--workers", type=int, default=1, help="fleet-proxy worker processes")
+    p.add_argument(
+        "--worker-listen",
+        choices=["shared", "reuseport"],
+        default=None,
+        help="with --workers > 1: one shared listening socket or SO_REUSEPORT sockets",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if shutil.which("wrk") is None:
@@ -133,7 +174,13 @@ def main() -> int:
     ports = [free_port(), free_port()]
     backends = [f"http://127.0.0.1:{p}" for p in ports]
     proxy_port = free_port()
-    results: dict[str, object] = {"duration_s": args.duration, "runs": []}
+    results: dict[str, object] = {
+        "duration_s": args.duration,
+        "workers": args.workers,
+        "worker_listen": args.worker_listen,
+        "load_average_before": os.getloadavg()[0],
+        "runs": [],
+    }
     runs: list[dict[str, object]] = results["runs"]  # type: ignore[assignment]
 
     with contextlib.ExitStack() as stack:
@@ -160,6 +207,10 @@ def main() -> int:
         ]
         for b in backends:
             fleet_cmd += ["--backend", b]
+        if args.workers > 1:
+            fleet_cmd += ["--workers", str(args.workers)]
+        if args.worker_listen:
+            os.environ["FLEET_PROXY_WORKER_LISTEN"] = args.worker_listen
         proxy = stack.enter_context(process(fleet_cmd, out_dir / "fleet-proxy.log"))
         wait_http(f"http://127.0.0.1:{proxy_port}/ready")
         targets: list[tuple[str, str, int | None]] = [
@@ -193,6 +244,8 @@ def main() -> int:
         for stream in (False, True):
             for c in args.concurrency:
                 for name, base, pid in targets:
+                    split = name == "fleet-proxy" and args.workers > 1
+                    dispatched = worker_dispatched(base) if split else []
                     before = cpu_seconds(pid) if pid else 0.0
                     r = wrk(base + "/v1/completions", c, args.duration, stream, lua_dir)
                     cpu = (cpu_seconds(pid) - before) if pid else 0.0
@@ -203,6 +256,9 @@ def main() -> int:
                         **r,
                         "cpu_us_per_req": 1e6 * cpu / r["requests"] if pid else None,
                     }
+                    if split:
+                        now = worker_dispatched(base)
+                        row["worker_split"] = [a - b for a, b in zip(now, dispatched, strict=True)]
                     runs.append(row)
                     print(_line(row), flush=True)
         for name, base, _pid in targets[:2]:
@@ -223,7 +279,9 @@ def _line(row: dict[str, object]) -> str:
         f"{row['target']:>12} {'stream' if row['stream'] else 'plain ':>6} "
         f"c={row['concurrency']:<4}"
         f" {row['rps']:>9.0f} req/s  p50 {row['p50_ms']:>7.2f} ms  p99 {row['p99_ms']:>7.2f} ms"
-        f"  non2xx {row['non2xx']}" + (f"  cpu {cpu:.0f} us/req" if cpu else "")
+        f"  non2xx {row['non2xx']}"
+        + (f"  cpu {cpu:.0f} us/req" if cpu else "")
+        + (f"  workers {row['worker_split']}" if row.get("worker_split") else "")
     )
 
 
