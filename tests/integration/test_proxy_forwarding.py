@@ -122,6 +122,35 @@ async def test_client_disconnect_cancels_upstream_request(two_backends):
         assert all(b.load.in_flight == 0 for b in app.core.fleet)
 
 
+async def test_client_leaving_a_slow_non_streamed_request_aborts_it(two_backends):
+    """A client that sends its request and leaves at once: the backend still sees the
+    request cancelled, although the proxy only starts watching the client after a while."""
+    for b in two_backends:
+        b.behaviour = Behaviour(first_byte_delay=5.0)
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, app):
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"model": "fake-model", "prompt": "x"}'
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        for _ in range(200):
+            if sum(b.active for b in two_backends) == 1:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        for _ in range(200):
+            if sum(b.cancelled for b in two_backends) == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert sum(b.cancelled for b in two_backends) == 1
+        assert sum(b.active for b in two_backends) == 0
+        assert all(b.load.in_flight == 0 for b in app.core.fleet)
+
+
 async def test_5xx_before_first_byte_is_retried_on_another_backend(two_backends):
     bad, good = two_backends
     bad.behaviour = Behaviour(fail_status=503)

@@ -55,7 +55,8 @@ class FakeBackend:
         app.router.add_post("/v1/embeddings", self._echo)
         app.router.add_post("/tokenize", self._echo)
         app.router.add_post("/detokenize", self._echo)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        # vLLM aborts a request whose client left, even before its first byte: so do we.
+        self._runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
