@@ -106,9 +106,10 @@ class Settings(BaseSettings):
     # With workers > 1: how often each worker publishes its load, reads its peers' load and
     # applies admin changes made through another worker.
     peer_sync_interval: float = Field(0.02, gt=0, le=5)
-    # How workers share the port: one listening socket they all accept on ("shared"), or one
-    # SO_REUSEPORT socket each ("reuseport"). See docs/performance.md for which spreads better.
-    worker_listen: Literal["shared", "reuseport"] = "shared"
+    # How workers share the port: one SO_REUSEPORT socket each, the kernel spreading new
+    # connections over them ("reuseport"), or one listening socket they all accept on
+    # ("shared", where one worker may take a whole burst of connections): docs/performance.md.
+    worker_listen: Literal["shared", "reuseport"] = "reuseport"
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -6,7 +6,8 @@ whole proxy's load on every backend. The supervisor (this module) creates what t
 share (proxy/peer_sync.py):
 - a shared-memory segment with one row of per-backend load per worker (fleet/peer_load.py);
 - a change log for the admin API's fleet changes (fleet/change_log.py), in a temp directory;
-then binds the listening port, starts the workers (multiprocessing, spawn: a fresh
+then binds the port (by default each worker listens on its own SO_REUSEPORT socket and the
+kernel spreads new connections over them), starts the workers (multiprocessing, spawn: a fresh
 interpreter, nothing inherited but the socket), prints the banner, and waits. SIGINT or
 SIGTERM is passed on to every worker as SIGTERM (uvicorn's graceful stop) and the supervisor
 returns when all have ended; a worker that ends on its own stops the rest and the supervisor
@@ -38,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from fleet.peer_load import PeerLayout, PeerSegment
+from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from proxy.peer_sync import WorkerSeat
 from proxy.settings import Settings
 
@@ -146,7 +147,7 @@ def describe_exit(code: int | None) -> str:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, listen_mode: ListenMode = "shared") -> None:
+    def __init__(self, settings: Settings, listen_mode: ListenMode = "reuseport") -> None:
         self.settings = settings
         self.listen_mode = listen_mode
         self.workers: list[BaseProcess] = []
@@ -217,7 +218,8 @@ class Supervisor:
                 if self.stopping:
                     break
             print(banner(port), flush=True)
-            return self._wait()
+            # A reader of the rows only (it never publishes): which workers have started.
+            return self._wait(PeerLoad.attach(segment.name, 0), tmp)
         finally:
             self._stop_all(STOP_GRACE_SECONDS)
             for sig, handler in previous.items():
@@ -226,10 +228,24 @@ class Supervisor:
             segment.close()
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _wait(self) -> int:
+    def _wait(self, peers: PeerLoad, tmp: Path) -> int:
+        """Until every worker has ended; 1 when one ended before being asked to."""
+        try:
+            return self._watch(peers, tmp)
+        finally:
+            peers.close()
+
+    def _watch(self, peers: PeerLoad, tmp: Path) -> int:
         running = {p.sentinel: p for p in self.workers}
+        started = False
         while running:
-            for sentinel in wait(list(running), timeout=0.5):
+            if not started and all(row.pid for row in peers.rows()):
+                # Every worker has its change log open (a worker's pid shows once it has
+                # started): the name is no longer needed, and without it nothing is left on
+                # disk even if this process is killed.
+                shutil.rmtree(tmp, ignore_errors=True)
+                started = True
+            for sentinel in wait(list(running), timeout=0.1 if not started else 0.5):
                 assert isinstance(sentinel, int)
                 p = running.pop(sentinel)
                 p.join()

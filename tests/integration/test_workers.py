@@ -55,7 +55,9 @@ def alive(pid: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def serve(backends: list[str], *extra: str) -> AsyncIterator[Served]:
+async def serve(
+    backends: list[str], *extra: str, listen: str = "reuseport"
+) -> AsyncIterator[Served]:
     """A 2-worker proxy on a port of its own choosing (read from its banner), every worker
     routing to every backend before this yields."""
     cmd = [sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", "0"]
@@ -66,6 +68,7 @@ async def serve(backends: list[str], *extra: str) -> AsyncIterator[Served]:
         **os.environ,
         "FLEET_PROXY_SCRAPE_INTERVAL": "0.05",
         "FLEET_PROXY_HEALTH_INTERVAL": "0.1",
+        "FLEET_PROXY_WORKER_LISTEN": listen,
     }
     process = await asyncio.create_subprocess_exec(
         *cmd, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -211,7 +214,14 @@ async def test_two_workers_serve_share_load_and_admin_changes(
 
 
 async def test_a_dying_worker_stops_the_proxy_and_is_named(backends: list[FakeBackend]) -> None:
-    async with serve([backends[0].url]) as served, httpx.AsyncClient(timeout=5) as client:
+    # On one shared listening socket this time: it serves as well (how evenly is for
+    # scripts/perf/bench_proxy_overhead.py to say).
+    async with (
+        serve([backends[0].url], listen="shared") as served,
+        httpx.AsyncClient(timeout=5) as client,
+    ):
+        answers = await burst(served.url, 16, 8, new_connections=True)
+        assert [text_of(r) for r in answers] == [EXPECTED_TEXT] * 16
         rows = (await served.workers(client))["rows"]
         pids = {row["worker"]: row["pid"] for row in rows}
         os.kill(pids[1], signal.SIGKILL)
@@ -220,3 +230,15 @@ async def test_a_dying_worker_stops_the_proxy_and_is_named(backends: list[FakeBa
         err = (await served.process.stderr.read()).decode()
         assert f"worker 1 (pid {pids[1]}) was killed by SIGKILL" in err
         assert not alive(pids[0])
+
+
+async def test_workers_do_not_outlive_a_killed_supervisor(backends: list[FakeBackend]) -> None:
+    async with serve([backends[0].url]) as served, httpx.AsyncClient(timeout=5) as client:
+        pids = [row["pid"] for row in (await served.workers(client))["rows"]]
+        served.process.kill()  # SIGKILL: no chance to stop them; the kernel tells them
+        await served.process.wait()
+
+        async def all_gone() -> bool:
+            return not any(alive(pid) for pid in pids)
+
+        await wait_for(all_gone)
