@@ -1,8 +1,8 @@
 """`fleet-proxy serve --workers N`: N serving processes behind one port, one supervisor.
 
 A single Python process tops out near one core; the proxy's per-request work is independent
-between requests, so N processes serve N times as much, as long as routing still sees the
-whole proxy's load on every backend. The supervisor (this module) creates what the workers
+between requests, so N processes can use N cores, as long as routing still sees the whole
+proxy's load on every backend. The supervisor (this module) creates what the workers
 share (proxy/peer_sync.py):
 - a shared-memory segment with one row of per-backend load per worker (fleet/peer_load.py);
 - a change log for the admin API's fleet changes (fleet/change_log.py), in a temp directory;
@@ -42,8 +42,6 @@ from typing import Any, Literal
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from proxy.peer_sync import WorkerSeat
 from proxy.settings import Settings
-
-log = logging.getLogger("fleet_proxy.workers")
 
 BACKLOG = 4096
 # How long stopped workers may take to finish their requests before they are killed.
