@@ -106,6 +106,11 @@ class BackendStateCollector(Collector):
             "in_flight": GaugeMetricFamily(
                 "fleet_proxy_backend_in_flight", "Requests in flight via this proxy", labels=labels
             ),
+            "peer_in_flight": GaugeMetricFamily(
+                "fleet_proxy_backend_peer_in_flight",
+                "Requests in flight via this proxy's other worker processes (--workers N)",
+                labels=labels,
+            ),
             "pending": GaugeMetricFamily(
                 "fleet_proxy_backend_pending_prefill_tokens",
                 "Prompt tokens dispatched and not yet past their first token",
@@ -133,6 +138,7 @@ class BackendStateCollector(Collector):
         for b in self.fleet:
             lv = [b.id, b.role.value]
             fams["in_flight"].add_metric(lv, b.load.in_flight)
+            fams["peer_in_flight"].add_metric(lv, b.load.peer_in_flight)
             fams["pending"].add_metric(lv, b.load.pending_prefill_tokens)
             fams["decodes"].add_metric(lv, b.load.running_decodes)
             fams["healthy"].add_metric(lv, 1.0 if b.healthy else 0.0)

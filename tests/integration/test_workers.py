@@ -160,6 +160,7 @@ async def test_two_workers_serve_share_load_and_admin_changes(
             assert min(dispatched) > 0, f"one worker served nothing: {dispatched}"
             metrics = (await client.get(url + "/metrics")).text
             assert re.search(r'target_info\{.*worker="[01]"', metrics)
+            assert "fleet_proxy_backend_peer_in_flight{" in metrics
 
             # Peers' load: requests held at the backends are counted by every worker, each
             # seeing its own in_flight plus its peer's.
