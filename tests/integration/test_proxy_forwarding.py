@@ -49,6 +49,22 @@ async def test_completion_passes_body_untouched_and_tags_response(two_backends):
         assert seen.headers["x-request-id"] == "abc-1"
 
 
+async def test_a_backend_url_with_a_path_prefix_keeps_it():
+    """A backend behind a path-routing gateway: scrapes and forwarded requests keep its prefix."""
+    gated = FakeBackend(prefix="/pool-a/vllm")
+    await gated.start()
+    try:
+        settings = fast_settings([gated.url])
+        async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            assert r.status_code == 200
+            assert r.json()["choices"][0]["text"].startswith("t0")
+            r = await c.post("/tokenize", json={"model": "fake-model", "prompt": "abc"})
+            assert r.json()["path"] == "/pool-a/vllm/tokenize"
+    finally:
+        await gated.stop()
+
+
 async def test_round_robin_spreads_and_models_are_listed(two_backends):
     settings = fast_settings([b.url for b in two_backends], policy="round_robin")
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:

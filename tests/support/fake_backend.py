@@ -43,10 +43,27 @@ class FakeBackend:
     running_metric: float = 0.0
     metrics_status: int = 200
     url: str = ""
+    prefix: str = ""  # serve under this path (a backend behind a path-routing gateway)
     _runner: web.AppRunner | None = None
 
     async def start(self) -> str:
         app = web.Application()
+        self._routes(app)
+        if self.prefix:
+            root = web.Application()
+            root.add_subapp(self.prefix, app)
+            app = root
+        # vLLM aborts a request whose client left, even before its first byte: so do we.
+        self._runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        sockets = site._server.sockets  # type: ignore[union-attr]
+        port = sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}{self.prefix}"
+        return self.url
+
+    def _routes(self, app: web.Application) -> None:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
@@ -55,15 +72,6 @@ class FakeBackend:
         app.router.add_post("/v1/embeddings", self._echo)
         app.router.add_post("/tokenize", self._echo)
         app.router.add_post("/detokenize", self._echo)
-        # vLLM aborts a request whose client left, even before its first byte: so do we.
-        self._runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        sockets = site._server.sockets  # type: ignore[union-attr]
-        port = sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
 
     async def stop(self) -> None:
         if self._runner is not None:
