@@ -46,12 +46,18 @@ def test_disconnect_mid_stream_frees_the_engine(proxy: Proxy, tier: Tier, endpoi
     resp.close()  # the client goes away mid-stream
     client.close()
     closed_at = time.monotonic()
+    generated_at_close = engine_metric(engine.url, "vllm:generation_tokens_total")
     # The requirement: the engine's running count is back to 0 within a second.
     assert wait_until(
         lambda: engine_metric(engine.url, "vllm:num_requests_running") == 0, timeout=1.0
     ), f"still running {time.monotonic() - closed_at:.2f} s after the client left"
     # Dropped, not finished: no request completed normally (vLLM does not count aborts in
-    # request_success_total) and far fewer tokens were generated than were asked for.
+    # request_success_total), fewer tokens were generated than were asked for, and few
+    # after the client left. (Before it left the engine generates freely: the buffers
+    # between a client that stops reading and the engine hold thousands of events.)
     assert engine_metric(engine.url, "vllm:request_success_total") == finished_before
-    generated = engine_metric(engine.url, "vllm:generation_tokens_total") - generated_before
-    assert generated < MAX_TOKENS / 2
+    generated_total = engine_metric(engine.url, "vllm:generation_tokens_total")
+    before_close = generated_at_close - generated_before
+    after_close = generated_total - generated_at_close
+    assert before_close + after_close < MAX_TOKENS, (before_close, after_close)
+    assert after_close < MAX_TOKENS / 4, (before_close, after_close)
