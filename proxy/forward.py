@@ -6,10 +6,11 @@ its SSE events, and relays every chunk the moment it arrives.
 
 Failure rules:
 - before the first byte reaches the client (connect error, timeout, a 5xx answer, a connection
-  dropped while reading a non-streamed answer) the request is retried on another backend,
-  bounded by `max_attempts` (tenacity);
+  dropped while reading a non-streamed answer) the request is retried on another backend, or
+  on a still-healthy one again when none is left, bounded by `max_attempts` (tenacity);
 - after it, the stream ends with an OpenAI-style error event: the client never sees output twice;
-- a client that goes away cancels the upstream request at once, so vLLM aborts it.
+- a client that goes away cancels the upstream request (watched from 50 ms into a request, so
+  within 50 ms at worst), and closing that connection makes vLLM abort it.
 """
 
 from __future__ import annotations
