@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
 from tests.support.servers import fast_settings, running_proxy
+from tests.support.sockets import unanswering_listener
 
 
 @pytest.fixture
@@ -205,29 +204,6 @@ async def test_a_lone_backend_that_failed_once_is_tried_again():
             assert len(only.seen) == 2
     finally:
         await only.stop()
-
-
-@contextlib.contextmanager
-def unanswering_listener() -> Iterator[str]:
-    """A port whose accept queue is full: the kernel drops further SYNs, so connecting
-    times out (as it does to an engine too busy to accept), rather than being refused."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    try:
-        for _ in range(4):  # Linux queues backlog + 1 connections; a few more to be sure
-            s = socket.socket()
-            s.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                s.connect(("127.0.0.1", port))
-            fillers.append(s)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for s in fillers:
-            s.close()
-        listener.close()
 
 
 async def test_connect_timeout_is_retried_on_another_backend(two_backends):

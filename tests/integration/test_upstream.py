@@ -17,6 +17,7 @@ import trustme
 import uvloop
 
 from proxy.upstream import UpstreamError, UpstreamPool
+from tests.support.sockets import unanswering_listener
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -617,27 +618,13 @@ async def test_https_origin_with_a_trusted_certificate() -> None:
 
 async def test_connect_timeout_is_kind_connect_and_says_it_timed_out() -> None:
     """A port whose accept queue is full drops SYNs: the connect times out, not refused."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
     pool = UpstreamPool(connect_timeout=0.3, read_timeout=5.0)
     try:
-        for _ in range(4):
-            filler = socket.socket()
-            filler.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                filler.connect(("127.0.0.1", port))
-            fillers.append(filler)
-        with pytest.raises(UpstreamError) as err:
-            await pool.request(f"http://127.0.0.1:{port}", "/", [], b"")
+        with unanswering_listener() as origin, pytest.raises(UpstreamError) as err:
+            await pool.request(origin, "/", [], b"")
         assert err.value.kind == "connect" and err.value.timed_out
     finally:
         await pool.close()
-        for filler in fillers:
-            filler.close()
-        listener.close()
 
 
 async def test_pieces_already_received_come_out_as_one(serve, pool) -> None:
