@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-UpstreamErrorKind = Literal["connect", "timeout", "disconnect", "protocol"]
+UpstreamErrorKind = Literal["connect", "timeout", "disconnect", "protocol", "interrupted"]
 
 # Flow control: pause the socket once this many body bytes wait for the consumer, resume when
 # it has taken them down to the low mark. Large enough that token streams never pause.
@@ -52,7 +52,8 @@ _DONE = 3  # response complete (set inside the parser callbacks; handed back aft
 
 
 class UpstreamError(Exception):
-    """A backend failed to answer. `kind`: connect | timeout | disconnect | protocol.
+    """A backend failed to answer. `kind`: connect | timeout | disconnect | protocol, or
+    interrupted (the consumer's own `interrupt()`, not the backend's doing).
 
     "connect" means nothing was sent, so any request may be retried elsewhere.
     """
@@ -198,6 +199,25 @@ class UpstreamResponse:
         """The body is complete and every piece of it was handed over."""
         return self._complete and not self._pieces
 
+    def set_read_timeout(self, seconds: float) -> None:
+        """From now on, fail with "timeout" after this long without a byte from the backend
+        (a stream past its first token can use a much shorter limit than a long prefill)."""
+        conn = self._conn
+        if conn is not None:
+            conn.set_read_timeout(seconds)
+
+    def interrupt(self, why: str) -> None:
+        """Make the consumer's next wait end with UpstreamError("interrupted"): pieces already
+        here are still handed over first, and a body that completes first just ends."""
+        if self._complete or self._released or self._error is not None:
+            return
+        self._error = UpstreamError("interrupted", why)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
     def release(self) -> None:
         """Done with this response. Idempotent; closes the socket unless the body is complete.
 
@@ -236,6 +256,7 @@ class _Connection(asyncio.Protocol):
         "parser",
         "paused",
         "pool",
+        "read_timeout",
         "received",
         "response",
         "state",
@@ -257,6 +278,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = True
         self.head_only = False
         self.last_read = 0.0
+        self.read_timeout = pool.read_timeout  # per response: see set_read_timeout
         self.timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol
@@ -363,8 +385,10 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.head_only = head_only
         self.last_read = self.loop.time()
+        if self.read_timeout != self.pool.read_timeout:
+            self.set_read_timeout(self.pool.read_timeout)
         if self.timer is None:
-            self.timer = self.loop.call_later(self.pool.read_timeout, self.on_timer)
+            self.timer = self.loop.call_later(self.read_timeout, self.on_timer)
         transport = self.transport
         assert transport is not None
         transport.write(data)
@@ -436,12 +460,22 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
+    def set_read_timeout(self, seconds: float) -> None:
+        self.read_timeout = seconds
+        if self.timer is not None:
+            # The armed timer may be far later than the new limit: arm it again now.
+            self.timer.cancel()
+            self.timer = None
+            if not self.closed and self.state != _IDLE:
+                wait = max(0.0, seconds - (self.loop.time() - self.last_read))
+                self.timer = self.loop.call_later(wait, self.on_timer)
+
     def on_timer(self) -> None:
         # One timer per busy connection, re-armed only when it fires: reads just stamp a time.
         self.timer = None
         if self.closed or self.state == _IDLE:
             return
-        timeout = self.pool.read_timeout
+        timeout = self.read_timeout
         silent = self.loop.time() - self.last_read
         if self.paused or silent < timeout:
             wait = timeout if self.paused else timeout - silent
