@@ -87,6 +87,8 @@ class Backend:
     healthy: bool = True  # result of the last /health probe
     draining: bool = False  # admin asked: no new requests
     last_error: str = ""
+    # The longest context the backend takes (prompt + output), from its /v1/models.
+    max_model_len: int | None = None
 
     @property
     def id(self) -> str:

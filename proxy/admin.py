@@ -1,4 +1,5 @@
-"""Admin API: list, add, remove and drain backends; live requests; policy state.
+"""Admin API: list, add, remove, drain and evacuate backends; live requests and their planned
+moves; policy state.
 
 Protected by the admin token when one is configured (`Authorization: Bearer <token>` or
 `x-admin-token: <token>`).
@@ -10,6 +11,7 @@ applied it; the GET endpoints answer from the receiving worker's own state.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from dataclasses import asdict
@@ -17,12 +19,24 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
 from proxy.core import ProxyCore
+from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
 from proxy.settings import BackendConfig
+
+
+class MoveOrderBody(BaseModel):
+    """A planned move: the target backend id (None: the routing policy chooses) and a reason
+    that labels the move in the migration metrics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: str | None = None
+    reason: str = Field(default="admin", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")
 
 
 def backend_view(b: Backend, now: float, stale_after: float) -> dict[str, Any]:
@@ -138,20 +152,57 @@ def admin_router(
 
     @router.get("/requests")
     async def live_requests() -> list[dict[str, Any]]:
-        return [
-            {
-                "request_id": r.request_id,
-                "endpoint": r.endpoint,
-                "model": r.model,
-                "backend": r.backend_id,
-                "stream": r.stream,
-                "prompt_tokens": r.prompt_tokens,
-                "events": r.events,
-                "attempts": r.attempts,
-                "first_token": r.first_token_at is not None,
-            }
-            for r in core.live
-        ]
+        return [r.view() for r in core.live]
+
+    def backend_or_404(backend_id: str) -> Backend:
+        b = core.fleet.get(backend_id)
+        if b is None:
+            raise HTTPException(status_code=404, detail=f"no backend {backend_id!r}")
+        return b
+
+    async def move_one(entry: LiveEntry, to: Backend | None, reason: str) -> dict[str, Any]:
+        try:
+            result = await asyncio.wait_for(
+                entry.move(to, reason), timeout=core.settings.move_timeout
+            )
+        except NotMovable as e:
+            return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}
+        except TimeoutError:
+            return {"request_id": entry.request_id, "outcome": "pending", "detail": "still moving"}
+        return {"request_id": entry.request_id, **asdict(result)}
+
+    @router.post("/requests/{request_id}/migrate")
+    async def migrate(request_id: str, order: MoveOrderBody | None = None) -> JSONResponse:
+        """Move a running request to another backend (`to`, else the policy's choice),
+        continuing its stream from the last token its client received."""
+        order = order or MoveOrderBody()
+        to = backend_or_404(order.to) if order.to is not None else None
+        found = core.live.find(request_id)
+        if not found:
+            raise HTTPException(status_code=404, detail=f"no live request {request_id!r}")
+        result = await move_one(found[0], to, order.reason)
+        code = 200 if result["outcome"] in ("ok", "pending") else 409
+        return JSONResponse(status_code=code, content=result)
+
+    @router.post("/backends/{backend_id}/evacuate")
+    async def evacuate(backend_id: str, drain: bool = True, reason: str = "evacuate") -> Any:
+        """Move every movable live request off a backend, all at once; with `drain` (the
+        default) the backend first stops taking new requests."""
+        backend = backend_or_404(backend_id)
+        if drain:
+            await fleet_changes.set_draining(backend_id, True)
+        entries = core.live.on_backend(backend.id)
+        results = await asyncio.gather(*(move_one(e, None, reason) for e in entries))
+        counts: dict[str, int] = {}
+        for r in results:
+            counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+        return {
+            "backend": backend_id,
+            "draining": backend.draining,
+            "requests": len(entries),
+            "outcomes": counts,
+            "results": results,
+        }
 
     @router.get("/policy")
     async def policy_state() -> dict[str, Any]:

@@ -26,9 +26,10 @@ from fleet.change_log import ChangeLog
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
 from proxy.admin import admin_router
+from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, error_body
-from proxy.forward import HOT_ROUTES, Forwarder, Receive, Scope, Send, send_error
+from proxy.forward import HOT_ROUTES, Forwarder
 from proxy.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.settings import Settings
 

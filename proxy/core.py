@@ -38,6 +38,7 @@ class ProxyCore:
         for spec in settings.backend_specs():
             self.fleet.add(spec)
         self.policy = make_policy(settings)
+        self.policy_on_finish = getattr(self.policy, "on_finish", None)
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
         self.metrics = RouterMetrics(self.prom)
@@ -83,6 +84,13 @@ class ProxyCore:
             unhealthy_after=s.unhealthy_after,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
+
+    def upstream_pool(self) -> UpstreamPool:
+        """The forwarding client; exists from start() on."""
+        pool = self.upstream
+        if pool is None:
+            raise RuntimeError("the proxy is not started")
+        return pool
 
     def _tokenize_url(self, model: str) -> str | None:
         for b in self.fleet.candidates(model, self.clock.now()):

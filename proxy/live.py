@@ -1,53 +1,84 @@
-"""The live-request table: what the proxy knows about every request in flight.
+"""The live-request table: every client request in flight, as the admin API and the movers
+(migrate, evacuate, and the background tasks built on them) see it.
 
-It keeps what the admin API shows and what routing needs about each request (the parsed body
-with the prompt and sampling parameters, where it runs, its progress in SSE events), never
-the stream's bytes: a table of long streams would otherwise grow with every token relayed.
+An entry is the request's session itself (proxy/session.py); the table keeps no stream bytes,
+so its memory does not grow with the tokens relayed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from fleet.types import Backend
 
 
-@dataclass(slots=True, eq=False)
-class LiveRequest:
-    request_id: str
-    endpoint: str
-    model: str
-    body: dict[str, Any]
-    stream: bool
-    prompt_tokens: int  # estimate charged to pending prefill
-    backend_id: str = ""
-    started_at: float = 0.0
-    dispatched_at: float = 0.0
-    first_token_at: float | None = None
-    events: int = 0  # SSE data events relayed; about one token each on vLLM
-    attempts: int = 0
+class NotMovable(Exception):
+    """A move was asked of a request that cannot move now; `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class MoveResult:
+    """How a move ended. `outcome`: ok | failed | finished (the request ended first)."""
+
+    outcome: str
+    source: str
+    target: str | None = None
+    tokens: int = 0  # generated tokens the client had when the stream was cut
+    downtime_s: float | None = None  # last token from the source to first from the target
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+
+class LiveEntry(Protocol):
+    """What the table, the admin API and the movers need of a request in flight."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def backend_id(self) -> str: ...
+
+    def movable_reason(self, planned: bool) -> str:
+        """Empty when the request can move now; else why not."""
+        ...
+
+    def view(self) -> dict[str, Any]: ...
+
+    async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
+        """Cut the stream after the last token its client received and continue it on `to`
+        (None: where the policy chooses). Raises NotMovable."""
+        ...
 
 
 class LiveTable:
     """Keyed by the entry itself: clients may reuse an x-request-id, entries must not collide."""
 
     def __init__(self) -> None:
-        self._requests: dict[LiveRequest, None] = {}
+        self._requests: dict[LiveEntry, None] = {}
 
-    def add(self, req: LiveRequest) -> None:
+    def add(self, req: LiveEntry) -> None:
         self._requests[req] = None
 
-    def remove(self, req: LiveRequest) -> None:
+    def remove(self, req: LiveEntry) -> None:
         self._requests.pop(req, None)
 
-    def find(self, request_id: str) -> list[LiveRequest]:
+    def find(self, request_id: str) -> list[LiveEntry]:
         return [r for r in self._requests if r.request_id == request_id]
 
-    def __iter__(self) -> Iterator[LiveRequest]:
+    def on_backend(self, backend_id: str) -> list[LiveEntry]:
+        return [r for r in self._requests if r.backend_id == backend_id]
+
+    def __iter__(self) -> Iterator[LiveEntry]:
         return iter(list(self._requests))
 
     def __len__(self) -> int:
         return len(self._requests)
-
-    def on_backend(self, backend_id: str) -> list[LiveRequest]:
-        return [r for r in self._requests if r.backend_id == backend_id]

@@ -67,16 +67,59 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.migrations = Counter(
+            "fleet_proxy_migrations",
+            "Requests moved to another backend mid-stream, by reason (backend_failed, "
+            "backend_stalled, or the planned move's reason) and outcome (ok: the target sent its "
+            "first token; failed: no backend could continue; not_movable)",
+            ["reason", "outcome"],
+            registry=registry,
+        )
+        self.migration_downtime = Histogram(
+            "fleet_proxy_migration_downtime_seconds",
+            "From the last token relayed from the source to the first from the target, "
+            "as the client sees it",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.migration_recomputed_tokens = Counter(
+            "fleet_proxy_migration_recomputed_tokens",
+            "Tokens a move's target prefilled again (prompt + tokens already generated)",
+            registry=registry,
+        )
+        self.not_movable = Counter(
+            "fleet_proxy_requests_not_movable",
+            "Generation requests that cannot move to another backend mid-stream, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.passive_ejections = Counter(
+            "fleet_proxy_passive_ejections",
+            "Backends taken out of routing by what a request saw (mid_stream, stalled) until "
+            "their next passing health check",
+            ["backend", "reason"],
+            registry=registry,
+        )
         # labels() locks and hashes on every call: keep the bound children.
         self._request_children: dict[tuple[str, int], Callable[[], None]] = {}
         self._ttft_children: dict[str, Callable[[float], None]] = {}
         self._duration_children: dict[str, Callable[[float], None]] = {}
+        self._not_movable_children: dict[str, Callable[[], None]] = {}
 
     def count_request(self, endpoint: str, status: int) -> None:
         inc = self._request_children.get((endpoint, status))
         if inc is None:
             inc = self.requests.labels(endpoint, str(status)).inc
             self._request_children[(endpoint, status)] = inc
+        inc()
+
+    def count_migration(self, reason: str, outcome: str) -> None:
+        self.migrations.labels(reason, outcome).inc()
+
+    def count_not_movable(self, reason: str) -> None:
+        inc = self._not_movable_children.get(reason)
+        if inc is None:
+            inc = self._not_movable_children[reason] = self.not_movable.labels(reason).inc
         inc()
 
     def observe_ttft(self, endpoint: str, seconds: float) -> None:

@@ -87,6 +87,19 @@ class Settings(BaseSettings):
         600.0, gt=0, allow_inf_nan=False, description="max silence from a backend"
     )
     max_attempts: int = Field(3, ge=1, le=10, description="tries before the first byte")
+    # Movable requests (proxy/session.py): generation requests record their token ids so that
+    # a broken, stalled or drained backend's streams continue on another backend.
+    movable_requests: bool = True
+    # Non-streamed requests too: streamed from the backend and answered whole by the proxy, so
+    # they can move; costs the proxy a parse of every event (docs/performance.md).
+    assemble_non_streamed: bool = False
+    stall_timeout: float = Field(
+        5.0, gt=0, allow_inf_nan=False, description="silence mid-stream that counts as a stall"
+    )
+    max_moves: int = Field(3, ge=0, le=20, description="moves of one request, planned or not")
+    move_timeout: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="the admin API's wait for a planned move"
+    )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
     max_connections: int = Field(
         2048, ge=1, description="idle keep-alive connections kept per backend"

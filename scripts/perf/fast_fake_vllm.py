@@ -2,7 +2,8 @@
 
 Written on raw asyncio protocols (not aiohttp/FastAPI) so the backend is never the bottleneck:
 it answers /v1/completions and /v1/chat/completions with 16 tokens, or streams 64 SSE events
-as separate writes, and serves /health, /v1/models and a small /metrics for the proxy's scraper.
+as separate writes (shaped as vLLM's, with token ids when the request asks `return_token_ids`),
+and serves /health, /v1/models and a small /metrics for the proxy's scraper.
 
     python scripts/perf/fast_fake_vllm.py --port 9001
 """
@@ -37,18 +38,33 @@ METRICS = (
     "# TYPE vllm:kv_cache_usage_perc gauge\n"
     f'vllm:kv_cache_usage_perc{{engine="0",model_name="{MODEL}"}} 0.0\n'
 ).encode()
-EVENT = (
-    b"data: "
-    + json.dumps(
-        {
-            "id": "cmpl-fake",
-            "model": MODEL,
-            "choices": [{"index": 0, "text": "tok", "finish_reason": None}],
-        }
-    ).encode()
-    + b"\n\n"
+
+
+def _event(choice_tail: bytes) -> bytes:
+    """One streamed event as vLLM 0.32 writes it (compact JSON, its key order)."""
+    return (
+        b'data: {"id":"cmpl-fake","object":"text_completion","created":1795319305,'
+        b'"model":"' + MODEL.encode() + b'","choices":[{"index":0,"text":" tok",'
+        b'"logprobs":null,"finish_reason":null,"stop_reason":null' + choice_tail + b"}]}\n\n"
+    )
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+EVENT = _event(b"")
+CHUNK = _chunk(EVENT)
+# With "return_token_ids": true, as vLLM answers it: the prompt's ids on the first event, and
+# each event's own token ids.
+FIRST_IDS_CHUNK = _chunk(
+    _event(
+        b',"prompt_token_ids":['
+        + b",".join(b"%d" % (1000 + i) for i in range(8))
+        + b'],"token_ids":[4242]'
+    )
 )
-CHUNK = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+IDS_CHUNK = _chunk(_event(b',"prompt_token_ids":null,"token_ids":[4242]'))
 DONE = b"data: [DONE]\n\n"
 LAST = b"%x\r\n%s\r\n0\r\n\r\n" % (len(DONE), DONE)
 STREAM_HEAD = (
@@ -98,8 +114,10 @@ class Handler(asyncio.Protocol):
         t = self.transport
         assert t is not None
         if path.endswith("/completions") and method == "POST":
-            if b'"stream":true' in body.replace(b" ", b""):
-                asyncio.get_running_loop().create_task(self.stream(t))
+            compact = body.replace(b" ", b"")
+            if b'"stream":true' in compact:
+                ids = b'"return_token_ids":true' in compact
+                asyncio.get_running_loop().create_task(self.stream(t, ids))
             else:
                 t.write(response(b"200 OK", b"application/json", COMPLETION))
         elif path == "/health":
@@ -111,12 +129,12 @@ class Handler(asyncio.Protocol):
         else:
             t.write(response(b"404 Not Found", b"text/plain", b"no"))
 
-    async def stream(self, t: asyncio.Transport) -> None:
+    async def stream(self, t: asyncio.Transport, ids: bool) -> None:
         t.write(STREAM_HEAD)
-        for _ in range(self.chunks):
+        for i in range(self.chunks):
             if t.is_closing():
                 return
-            t.write(CHUNK)
+            t.write((FIRST_IDS_CHUNK if i == 0 else IDS_CHUNK) if ids else CHUNK)
             await asyncio.sleep(0)  # separate writes, as tokens come one by one
         t.write(LAST)
 

@@ -176,7 +176,13 @@ async def test_header_mode_names_the_prefiller_to_the_decode_sidecar() -> None:
         assert prefill.seen == []
         (seen,) = decode.seen
         assert seen.headers["x-prefiller-host-port"] == prefill.url.split("//")[1]
-        assert seen.body == {"model": "fake-model", "prompt": "x", "stream": True}
+        # The client's body, plus the token ids the proxy tracks a movable stream by.
+        assert seen.body == {
+            "return_token_ids": True,
+            "model": "fake-model",
+            "prompt": "x",
+            "stream": True,
+        }
     finally:
         await prefill.stop()
         await decode.stop()

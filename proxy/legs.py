@@ -1,0 +1,232 @@
+"""One backend leg of a client request: choose a backend, run a P/D prefill leg if the
+decision names one, and open the upstream request.
+
+A leg that fails before its answer's status line raises `RetryableUpstream` (or a 5xx answer,
+read and closed): nothing of it reached the client, so the session may try another backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import orjson
+
+from fleet.types import Backend
+from policies.base import Decision, NoCandidate, RequestContext
+from proxy.core import ProxyCore
+from proxy.disagg import PREFILLER_HEADER, PrefillFailed, decode_body, host_port, run_prefill_leg
+from proxy.errors import ProxyError
+from proxy.upstream import UpstreamError, UpstreamResponse, split_url
+
+log = logging.getLogger("fleet_proxy.legs")
+
+# Answers that say "this backend, now" rather than "this request": safe to try elsewhere.
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+
+GENERATION = frozenset({"completions", "chat/completions"})
+
+
+class RetryableUpstream(Exception):
+    """A backend failed before anything of its answer reached the client."""
+
+    def __init__(self, backend: Backend, kind: str, detail: str) -> None:
+        super().__init__(f"{backend.id}: {detail}")
+        self.backend = backend
+        self.kind = kind
+
+
+class Leg:
+    """One backend's part of a client request: its decision and its open response."""
+
+    __slots__ = (
+        "backend",
+        "closed",
+        "decision",
+        "opened_at",
+        "prefill",
+        "reason",
+        "resp",
+        "tokens_before",
+    )
+
+    def __init__(
+        self,
+        decision: Decision,
+        prefill: Backend | None,
+        resp: UpstreamResponse,
+        reason: str,
+        tokens_before: int,
+    ) -> None:
+        self.decision = decision
+        self.backend = decision.target
+        self.prefill = prefill
+        self.resp = resp
+        self.reason = reason  # why this leg exists: "first", "backend_failed", "admin"...
+        self.tokens_before = tokens_before  # generated tokens the client had when it began
+        self.opened_at = time.perf_counter()
+        self.closed = False  # its response released and the policy told
+
+    def receipt(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend.id,
+            "prefill": self.prefill.id if self.prefill is not None else None,
+            "reason": self.reason,
+            "tokens_before": self.tokens_before,
+        }
+
+
+class LegOpener:
+    """What every leg needs from the proxy: the fleet, the policy, the upstream pool."""
+
+    def __init__(self, core: ProxyCore) -> None:
+        self.core = core
+        self.settings = core.settings
+        self._splits: dict[str, tuple[str, str]] = {}  # backend URL -> (origin, path prefix)
+
+    def choose(
+        self,
+        ctx: RequestContext,
+        exclude: Collection[str],
+        *,
+        first: bool,
+        required: Backend | None = None,
+    ) -> Decision:
+        """The policy's pick among routable backends serving the model, not in `exclude`.
+
+        For a first leg, when every candidate was excluded (tried), a healthy one again: a lone
+        backend that timed out once deserves a second chance. A continuation never goes back.
+        """
+        core = self.core
+        now = core.clock.now()
+        candidates = core.fleet.candidates(ctx.model, now)
+        if required is not None:
+            if not any(b is required for b in candidates):
+                raise _unavailable(f"backend {required.id} cannot take requests for this model now")
+            return Decision(target=required, reason="chosen by the caller")
+        if exclude:
+            others = [b for b in candidates if b.id not in exclude]
+            candidates = others or (candidates if first else others)
+        if not candidates:
+            if (
+                first
+                and not exclude
+                and core.fleet.routable(now)
+                and not core.fleet.knows_model(ctx.model)
+            ):
+                raise ProxyError(
+                    404,
+                    f"The model `{ctx.model}` does not exist.",
+                    type="not_found_error",
+                    param="model",
+                    code="model_not_found",
+                )
+            raise _unavailable(f"no healthy backend serves model `{ctx.model}` right now")
+        try:
+            return core.policy.pick(ctx, candidates, now)
+        except NoCandidate as e:
+            raise _unavailable(str(e)) from None
+
+    def target(self, backend: Backend, path: str) -> tuple[str, str]:
+        """The origin and full path of `path` on `backend` (its URL may carry a prefix)."""
+        split = self._splits.get(backend.url)
+        if split is None:
+            split = self._splits[backend.url] = split_url(backend.url)
+        origin, prefix = split
+        return origin, prefix + path
+
+    async def prefill_elsewhere(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        path: str,
+        body: bytes,
+        body_fields: Mapping[str, Any],
+        headers: list[tuple[bytes, bytes]],
+    ) -> tuple[Backend | None, bytes, list[tuple[bytes, bytes]], int | None]:
+        """Carry out the prefill leg of a disaggregated decision.
+
+        Returns the prefill backend used (None: prefill on the target), the body and headers
+        for the target, and the prompt tokens to charge there (None: unchanged).
+        `body_fields` are the fields the proxy adds to the client's body on the target."""
+        prefill = decision.prefill
+        if prefill is None or ctx.endpoint not in GENERATION:
+            return None, body, headers, None
+        if self.settings.pd_mode == "header":
+            hint = (PREFILLER_HEADER, host_port(prefill).encode("latin-1"))
+            return prefill, body, [*headers, hint], None
+        leg_tokens = decision.prefill_leg_tokens
+        origin, full_path = self.target(prefill, path)
+        try:
+            kv = await run_prefill_leg(
+                self.core.upstream_pool(), prefill, origin, full_path, ctx.body, headers,
+                ctx.prompt_tokens if leg_tokens is None else leg_tokens,
+                self.settings.pd_prefill_timeout,
+            )  # fmt: skip
+        except PrefillFailed as e:
+            # Fall back to prefilling on the decode backend: slower, never lost.
+            self.core.metrics.pd_prefill_legs.labels(e.reason).inc()
+            log.warning("request %s: prefill leg failed (%s)", ctx.request_id, e)
+            return None, body, headers, None
+        self.core.metrics.pd_prefill_legs.labels("ok").inc()
+        # The decode backend pulls the KV instead of computing it.
+        target_body = {**ctx.body, **body_fields} if body_fields else ctx.body
+        return prefill, decode_body(target_body, kv), headers, 0
+
+    async def request(
+        self, backend: Backend, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamResponse:
+        """Open `path` on `backend`; a failure before the status line, or a 5xx answer, is a
+        `RetryableUpstream`."""
+        origin, full_path = self.target(backend, path)
+        try:
+            resp = await self.core.upstream_pool().request(origin, full_path, headers, body)
+        except UpstreamError as e:
+            raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
+        status = resp.status
+        if status in RETRYABLE_STATUS:
+            try:
+                detail = (await resp.read())[:300].decode("utf-8", "replace")
+            except UpstreamError as e:
+                detail = str(e)
+            finally:
+                resp.release()
+            raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
+        return resp
+
+    def note_failure(self, request_id: str, e: RetryableUpstream, attempt: int, age: float) -> None:
+        self.core.metrics.upstream_errors.labels(e.backend.id, e.kind).inc()
+        log.warning(
+            "request %s: attempt %d on %s failed after %.2fs (%s): %s",
+            request_id, attempt, e.backend.id, age, e.kind, e,
+        )  # fmt: skip
+        e.backend.last_error = str(e)
+        if e.kind == "connect":
+            # Passive health: stop sending here until the next health check says otherwise.
+            e.backend.healthy = False
+
+
+def failure_kind(e: UpstreamError) -> str:
+    """Metric and health label: only a refused connection says the backend is down."""
+    if e.kind == "connect":
+        return "connect_timeout" if e.timed_out else "connect"
+    return "io"
+
+
+def _unavailable(message: str) -> ProxyError:
+    return ProxyError(
+        503, message, type="service_unavailable", code=503, headers=[(b"retry-after", b"1")]
+    )
+
+
+def receipt_header(decision: Decision) -> bytes:
+    return orjson.dumps(
+        {
+            "backend": decision.target.id,
+            "prefill": decision.prefill.id if decision.prefill else None,
+            "reason": decision.reason,
+            "scores": decision.scores,
+        }
+    )

@@ -1,0 +1,706 @@
+"""A request session: one client request for its whole life, across the backend legs that
+serve it.
+
+The session owns what lives as long as the client's request: what was sent to the client, the
+accounting on the backend currently serving it, its entry in the live table, its usage and
+token ledger. Each backend attempt is a `Leg` (proxy/legs.py).
+
+Failure rules:
+- before anything reaches the client (connect error, timeout, a 5xx answer, a connection
+  dropped while reading a whole answer) the request is tried again on another backend, or on
+  a still-healthy one again when none is left, bounded by `max_attempts`;
+- after that, a movable request whose backend breaks (reset, EOF, a 5xx or an error event mid
+  stream) or stalls (no byte for `stall_timeout` once tokens flow) continues on another healthy
+  backend from the last token its client received, at most `max_moves` times; the broken or
+  stalled backend is ejected until its next passing health check. A request that cannot move,
+  or that finds no backend to continue on, ends with an OpenAI-style error event;
+- a planned `move()` cuts the stream the same way, closes the source's connection (vLLM then
+  aborts the request there) and continues on the chosen target;
+- a client that goes away cancels the session; closing the upstream connection makes vLLM
+  abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from fleet.types import Backend
+from policies.base import Decision, RequestContext
+from proxy.accounting import Dispatch
+from proxy.asgi import Send, response_headers
+from proxy.assemble import Assembler
+from proxy.continuation import Movability, continuation_body
+from proxy.core import ProxyCore
+from proxy.errors import ProxyError, sse_error_event
+from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
+from proxy.live import MoveResult, NotMovable
+from proxy.splice import Splicer, StreamIdentity
+from proxy.stream_tokens import EventAligner, TokenLedger
+from proxy.upstream import UpstreamError
+
+log = logging.getLogger("fleet_proxy.session")
+
+_CONTINUE_PATH = "/v1/completions"
+_DONE_EVENT = b"data: [DONE]\n\n"
+_ERROR_EVENT = b'data: {"error"'
+
+
+class _Break:
+    """Why a leg's stream stopped before its end: failed | stalled | moved."""
+
+    __slots__ = ("detail", "kind")
+
+    def __init__(self, kind: str, detail: str) -> None:
+        self.kind = kind
+        self.detail = detail
+
+
+class _MoveOrder:
+    __slots__ = ("done", "reason", "to")
+
+    def __init__(self, to: Backend | None, reason: str) -> None:
+        self.to = to
+        self.reason = reason
+        self.done: asyncio.Future[MoveResult] = asyncio.get_running_loop().create_future()
+
+
+class RequestSession:
+    __slots__ = (
+        "_aligner",
+        "_assembler",
+        "_body_fields",
+        "_charge",
+        "_core",
+        "_cut_at",
+        "_failed",
+        "_first_body",
+        "_leg_live",
+        "_metrics",
+        "_movability",
+        "_opener",
+        "_order",
+        "_send",
+        "_settings",
+        "_splicer",
+        "_strip",
+        "arrived",
+        "ctx",
+        "dispatch",
+        "first_token_at",
+        "headers",
+        "last_sent",
+        "ledger",
+        "leg",
+        "legs",
+        "moves",
+        "path",
+        "tried",
+    )
+
+    def __init__(
+        self,
+        core: ProxyCore,
+        opener: LegOpener,
+        path: str,
+        ctx: RequestContext,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        send: Send,
+        arrived: float,
+        movability: Movability | None,
+    ) -> None:
+        self._core = core
+        self._settings = core.settings
+        self._metrics = core.metrics
+        self._opener = opener
+        self.path = path
+        self.ctx = ctx
+        self.headers = headers  # end-to-end headers for every backend
+        self._send = send
+        self.arrived = arrived
+        self._movability = movability
+        self.dispatch = Dispatch(None, 0)
+        self.tried: list[str] = []  # backend ids of first-leg attempts, in order
+        self._failed: set[str] = set()  # backends that broke or stalled under this request
+        self.legs: list[Leg] = []  # every leg that answered, in order
+        self.leg: Leg | None = None  # the leg serving the request now
+        self._leg_live = False  # the current leg has produced output
+        self.first_token_at: float | None = None
+        self.last_sent = 0.0
+        self.moves = 0
+        self._order: _MoveOrder | None = None
+        self._cut_at: float | None = None  # when the stream was cut for a move in progress
+        self._splicer: Splicer | None = None
+        self._aligner = EventAligner()
+        self._charge = ctx.prompt_tokens
+        client_ids = ctx.body.get("return_token_ids") is True
+        self._strip = not client_ids
+        self._body_fields: dict[str, Any] = {}
+        self._first_body = body
+        self._assembler: Assembler | None = None
+        self.ledger: TokenLedger | None = None
+        if movability is not None and movability.movable:
+            self.ledger = TokenLedger()
+            self.ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
+            if ctx.stream:
+                if not client_ids:
+                    self._body_fields = {"return_token_ids": True}
+                    self._first_body = _with_token_ids(body, ctx.body)
+            else:
+                # Streamed from the backend and answered whole: the request can move.
+                self._body_fields = {
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "return_token_ids": True,
+                }
+                self._first_body = orjson.dumps({**ctx.body, **self._body_fields})
+                self._assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids)
+
+    # --- what the live table and the admin API read
+
+    @property
+    def request_id(self) -> str:
+        return self.ctx.request_id
+
+    @property
+    def backend_id(self) -> str:
+        leg = self.leg
+        return leg.backend.id if leg is not None else ""
+
+    def movable_reason(self, planned: bool) -> str:
+        m = self._movability
+        if m is None:
+            return "not_generation"
+        if not m.movable:
+            return m.reason
+        if planned and not m.planned:
+            return m.reason
+        ledger = self.ledger
+        if ledger is not None and ledger.not_movable:
+            return ledger.not_movable
+        if self.moves >= self._settings.max_moves:
+            return "move_limit"
+        return ""
+
+    def view(self) -> dict[str, Any]:
+        ledger = self.ledger
+        return {
+            "request_id": self.ctx.request_id,
+            "endpoint": self.ctx.endpoint,
+            "model": self.ctx.model,
+            "backend": self.backend_id,
+            "stream": self.ctx.stream,
+            "prompt_tokens": self._charge,
+            "events": ledger.events if ledger is not None else None,
+            "tokens_generated": len(ledger.generated) if ledger is not None else None,
+            "attempts": len(self.tried),
+            "first_token": self.first_token_at is not None,
+            "movable": self.movable_reason(planned=False) == "",
+            "not_movable_reason": self.movable_reason(planned=False) or None,
+            "moves": self.moves,
+            "legs": [leg.receipt() for leg in self.legs],
+        }
+
+    # --- the request's life
+
+    async def run(self) -> int:
+        core = self._core
+        core.live.add(self)
+        try:
+            leg, whole = await self._open_first()
+            return await self._serve(leg, whole)
+        finally:
+            self._close_leg()
+            self.dispatch.release()
+            core.live.remove(self)
+            order = self._order
+            if order is not None and not order.done.done():
+                order.done.set_result(MoveResult("finished", self.backend_id))
+
+    async def _open_first(self) -> tuple[Leg, bytes | None]:
+        try:
+            return await self._attempt_first()
+        except RetryableUpstream as first:
+            self._note_failure(first)
+            last = first
+        settings = self._settings
+        if settings.max_attempts <= 1:
+            raise _exhausted(self.tried, last)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(settings.max_attempts - 1),
+            retry=retry_if_exception_type(RetryableUpstream),
+            wait=wait_random_exponential(multiplier=0.01, max=0.2),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    self._metrics.retries.labels(last.kind).inc()
+                    try:
+                        return await self._attempt_first()
+                    except RetryableUpstream as e:
+                        self._note_failure(e)
+                        last = e
+                        raise
+        except RetryableUpstream:
+            pass
+        except ProxyError as e:
+            if e.status != 503:
+                raise
+        raise _exhausted(self.tried, last)
+
+    async def _attempt_first(self) -> tuple[Leg, bytes | None]:
+        """Open the first leg; answers the proxy relays whole are read here, so a break
+        while reading one can still be retried."""
+        ctx = self.ctx
+        opener = self._opener
+        decision = opener.choose(ctx, self.tried, first=True)
+        backend = decision.target
+        self.tried.append(backend.id)
+        try:
+            prefill, body, headers, charge = await opener.prefill_elsewhere(
+                ctx, decision, self.path, self._first_body, self._body_fields, self.headers
+            )
+            if charge is None:
+                # What the policy expects the backend to compute (its uncached part), else all.
+                charge = decision.prefill_tokens
+                if charge is None:
+                    charge = ctx.prompt_tokens
+            self._charge = charge
+            self.dispatch.move(backend.load, charge)
+            resp = await opener.request(backend, self.path, headers, body)
+        except BaseException:
+            self.dispatch.release()
+            self._policy_done(decision)
+            raise
+        leg = Leg(decision, prefill, resp, "first", 0)
+        self._begin_leg(leg)
+        if resp.status == 200 and (ctx.stream or self._assembler is not None):
+            return leg, None
+        try:
+            return leg, await resp.read()
+        except UpstreamError as e:
+            self._close_leg()
+            self.dispatch.release()
+            raise RetryableUpstream(backend, "io", str(e)) from None
+
+    async def _serve(self, leg: Leg, whole: bytes | None) -> int:
+        ctx = self.ctx
+        resp = leg.resp
+        status = resp.status
+        if whole is not None:
+            self.dispatch.prefilled()
+            headers = self._headers(leg)
+            headers.append((b"content-length", b"%d" % len(whole)))
+            await self._send({"type": "http.response.start", "status": status, "headers": headers})
+            await self._send({"type": "http.response.body", "body": whole})
+        elif ctx.stream:
+            await self._send(
+                {"type": "http.response.start", "status": status, "headers": self._headers(leg)}
+            )
+            await self._stream()
+        else:
+            status = await self._answer_assembled()
+        self._metrics.observe_duration(ctx.endpoint, time.perf_counter() - self.arrived)
+        return status
+
+    def _headers(self, leg: Leg, *, json_body: bool = False) -> list[tuple[bytes, bytes]]:
+        ctx = self.ctx
+        out = response_headers(
+            leg.resp.raw_headers, ctx.request_id, leg.backend.id, json_body=json_body
+        )
+        if leg.prefill is not None:
+            out.append((b"x-fleet-prefill", leg.prefill.id.encode("latin-1")))
+        if ctx.debug:
+            out.append((b"x-fleet-decision", receipt_header(self.legs[0].decision)))
+            if len(self.legs) > 1:
+                out.append((b"x-fleet-legs", orjson.dumps([g.receipt() for g in self.legs])))
+        return out
+
+    # --- relaying
+
+    async def _stream(self) -> bool:
+        """Relay legs until the stream ends; True when it ended complete."""
+        while True:
+            leg = self.leg
+            assert leg is not None
+            brk = await self._relay(leg)
+            if brk is None:
+                return True
+            if not await self._next_leg(brk):
+                return False
+
+    async def _relay(self, leg: Leg) -> _Break | None:
+        """This leg's events to the client; None once the response is complete."""
+        resp = leg.resp
+        ledger = self.ledger
+        feed = ledger.feed if ledger is not None else self._aligner.feed
+        splicer = self._splicer
+        emit = self._emit
+        try:
+            async for chunk in resp:
+                out = feed(chunk)
+                if not out:
+                    continue
+                if ledger is not None and ledger.error_event:
+                    # The backend gave up mid-stream: its error event is not the client's end
+                    # while another backend can continue.
+                    cut = out.find(_ERROR_EVENT)
+                    if cut > 0:
+                        await self._pass(leg, out[:cut], splicer)
+                    return _Break("failed", "the backend sent an error event mid-stream")
+                if splicer is not None:
+                    out = splicer.rewrite(out)
+                    if not out:
+                        continue
+                if not self._leg_live:
+                    self._first_output(leg)
+                if resp.at_end and (ledger is None or ledger.done):
+                    if ledger is None and self._aligner.tail:
+                        out += self._aligner.tail  # not SSE after all: relay every byte
+                    await emit(self._closing(out), True)
+                    return None
+                await emit(out, False)
+                self.last_sent = time.perf_counter()
+        except UpstreamError as e:
+            if e.kind == "interrupted":
+                return _Break("moved", str(e))
+            if e.kind == "timeout" and self._leg_live:
+                return _Break("stalled", str(e))
+            return _Break("failed", str(e))
+        if ledger is None or ledger.done:
+            await emit(self._closing(self._aligner.tail if ledger is None else b""), True)
+            return None
+        return _Break("failed", "the stream ended without its [DONE]")
+
+    async def _pass(self, leg: Leg, out: bytes, splicer: Splicer | None) -> None:
+        if splicer is not None:
+            out = splicer.rewrite(out)
+        if out:
+            if not self._leg_live:
+                self._first_output(leg)
+            await self._emit(out, False)
+            self.last_sent = time.perf_counter()
+
+    def _closing(self, out: bytes) -> bytes:
+        """The last bytes of a stream; a debug request's stream gets its legs as an SSE
+        comment (ignored by SSE clients) before its [DONE]."""
+        if not self.ctx.debug or not out.endswith(_DONE_EVENT) or self._assembler is not None:
+            return out
+        note = b": x-fleet-legs " + orjson.dumps([g.receipt() for g in self.legs]) + b"\n\n"
+        return out[: -len(_DONE_EVENT)] + note + _DONE_EVENT
+
+    async def _emit(self, out: bytes, final: bool) -> None:
+        assembler = self._assembler
+        if assembler is not None:
+            assembler.feed(out)
+        elif final:
+            await self._send({"type": "http.response.body", "body": out})
+        else:
+            await self._send({"type": "http.response.body", "body": out, "more_body": True})
+
+    def _first_output(self, leg: Leg) -> None:
+        """The current leg's first bytes reached the client."""
+        self._leg_live = True
+        now = time.perf_counter()
+        self.dispatch.first_token()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self._metrics.observe_ttft(self.ctx.endpoint, now - self.arrived)
+        if self.ledger is not None:
+            # Tokens flow: from now on a silent backend is a stalled one.
+            leg.resp.set_read_timeout(self._settings.stall_timeout)
+        cut_at = self._cut_at
+        if cut_at is not None:
+            self._cut_at = None
+            downtime = now - cut_at
+            self._metrics.migration_downtime.observe(downtime)
+            self._metrics.count_migration(leg.reason, "ok")
+            self._resolve(
+                MoveResult(
+                    "ok",
+                    self.legs[-2].backend.id,
+                    leg.backend.id,
+                    tokens=leg.tokens_before,
+                    downtime_s=downtime,
+                )
+            )
+
+    async def _answer_assembled(self) -> int:
+        assembler = self._assembler
+        assert assembler is not None
+        if not await self._stream():
+            raise ProxyError(
+                502,
+                "the backends failed before the answer was complete: "
+                + (self.legs[-1].backend.last_error if self.legs else ""),
+                type="upstream_error",
+                code=502,
+            )
+        body = assembler.body()
+        leg = self.leg
+        assert leg is not None
+        headers = self._headers(leg, json_body=True)
+        headers.append((b"content-length", b"%d" % len(body)))
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+        return 200
+
+    # --- moving
+
+    async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
+        why = self.movable_reason(planned=True)
+        if why:
+            raise NotMovable(why)
+        if self._order is not None or self._cut_at is not None:
+            raise NotMovable("move_in_progress")
+        leg = self.leg
+        if leg is None:
+            raise NotMovable("not_started")
+        if leg.closed:
+            raise NotMovable("move_in_progress")
+        if to is not None and to is leg.backend:
+            raise NotMovable("already_there")
+        order = _MoveOrder(to, reason)
+        self._order = order
+        leg.resp.interrupt(f"moved by the proxy ({reason})")
+        return await asyncio.shield(order.done)
+
+    async def _next_leg(self, brk: _Break) -> bool:
+        """Continue the request after its leg stopped; False when it cannot (the client then
+        got an error, or an assembled answer fails)."""
+        source = self.leg
+        assert source is not None
+        order = self._order if brk.kind == "moved" else None
+        if brk.kind == "moved" and order is None:
+            brk = _Break("failed", brk.detail)
+        self._close_leg()
+        if self._cut_at is not None:
+            # The previous move's target broke before its first token.
+            self._metrics.count_migration(source.reason, "failed")
+        if order is None:
+            self._eject(source.backend, brk)
+            reason = "backend_stalled" if brk.kind == "stalled" else "backend_failed"
+        else:
+            reason = order.reason
+        ledger = self.ledger
+        if ledger is not None and ledger.finished:
+            # Every token reached the client; only the stream's ending was lost.
+            await self._synthesize_end()
+            self._resolve(MoveResult("finished", source.backend.id))
+            return True
+        why = self.movable_reason(planned=order is not None)
+        if ledger is None or why:
+            self._metrics.count_migration(reason, "not_movable")
+            return await self._give_up(source, f"{brk.detail}; the request cannot move ({why})")
+        return await self._continue(source, ledger, reason, order)
+
+    async def _continue(
+        self, source: Leg, ledger: TokenLedger, reason: str, order: _MoveOrder | None
+    ) -> bool:
+        ctx = self.ctx
+        cut_at = self.last_sent or time.perf_counter()
+        restart = ledger.events == 0  # nothing reached the client: send the request afresh
+        if restart:
+            path, body, prompt_len, tokens = self.path, self._first_body, ctx.prompt_tokens, 0
+        else:
+            ledger.rewind_to_safe()
+            prompt_ids = ledger.prompt_ids()
+            generated = ledger.generated
+            if prompt_ids is None:
+                self._metrics.count_migration(reason, "not_movable")
+                return await self._give_up(source, "the backend returned no prompt token ids")
+            try:
+                continued = continuation_body(
+                    ctx.endpoint,
+                    ctx.body,
+                    prompt_ids,
+                    generated,
+                    max_model_len=source.backend.max_model_len,
+                )
+            except ValueError as e:
+                self._metrics.count_migration(reason, "not_movable")
+                return await self._give_up(source, f"the request cannot continue: {e}")
+            path, body = _CONTINUE_PATH, orjson.dumps(continued)
+            prompt_len, tokens = len(prompt_ids) + len(generated), len(generated)
+        exclude = {source.backend.id, *self._failed}
+        required = order.to if order is not None else None
+        for _ in range(self._settings.max_attempts):
+            try:
+                decision = self._opener.choose(ctx, exclude, first=False, required=required)
+            except ProxyError as e:
+                break_detail = e.message
+                break
+            target = decision.target
+            self.dispatch.move(target.load, prompt_len)
+            try:
+                resp = await self._opener.request(target, path, self.headers, body)
+            except RetryableUpstream as e:
+                self._note_failure(e)
+                self.dispatch.release()
+                self._policy_done(decision)
+                exclude.add(target.id)
+                break_detail = str(e)
+                if required is not None:
+                    break
+                continue
+            if resp.status != 200:
+                detail = (await resp.read())[:300].decode("utf-8", "replace")
+                resp.release()
+                self.dispatch.release()
+                self._policy_done(decision)
+                break_detail = f"{target.id} answered HTTP {resp.status}: {detail}"
+                break
+            leg = Leg(decision, None, resp, reason, tokens)
+            self._begin_leg(leg)
+            if restart:
+                ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
+                self._splicer = None
+            else:
+                ledger.start_leg(strip=False, chat=False)
+                self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens)
+            self.moves += 1
+            self._cut_at = cut_at
+            self._metrics.migration_recomputed_tokens.inc(prompt_len)
+            log.info(
+                "request %s: moved %s -> %s after %d tokens (%s)",
+                ctx.request_id, source.backend.id, target.id, tokens, reason,
+            )  # fmt: skip
+            return True
+        else:
+            break_detail = "no backend could continue it"
+        self._metrics.count_migration(reason, "failed")
+        return await self._give_up(source, f"the request could not continue: {break_detail}")
+
+    def _make_splicer(self, ledger: TokenLedger, prompt_tokens: int, tokens: int) -> Splicer:
+        options = self.ctx.body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        continuous = isinstance(options, dict) and options.get("continuous_usage_stats") is True
+        return Splicer(
+            endpoint=self.ctx.endpoint,
+            identity=StreamIdentity.from_event(ledger.first_event),
+            prompt_tokens=prompt_tokens,
+            tokens_before=tokens,
+            include_usage=include_usage or self._assembler is not None,
+            continuous_usage=continuous,
+            token_ids=not self._strip,
+        )
+
+    async def _synthesize_end(self) -> None:
+        """The usage event (when the client asked for it) and [DONE] that a stream broken
+        after its last token never sent."""
+        ledger = self.ledger
+        assert ledger is not None
+        options = self.ctx.body.get("stream_options")
+        wants_usage = self._assembler is not None or (
+            isinstance(options, dict) and options.get("include_usage") is True
+        )
+        out = b""
+        if wants_usage and not ledger.usage_seen and ledger.first_event:
+            ident = StreamIdentity.from_event(ledger.first_event)
+            prompt = ledger.prompt_ids() or []
+            completion = len(ledger.generated)
+            event: dict[str, Any] = {
+                "id": ident.id,
+                "object": "chat.completion.chunk"
+                if self.ctx.endpoint == "chat/completions"
+                else "text_completion",
+                "created": ident.created,
+                "model": ident.model,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "total_tokens": len(prompt) + completion,
+                    "completion_tokens": completion,
+                },
+            }
+            out = b"data: " + orjson.dumps(event) + b"\n\n"
+        await self._emit(self._closing(out + _DONE_EVENT), True)
+
+    async def _give_up(self, source: Leg, detail: str) -> bool:
+        self._resolve(MoveResult("failed", source.backend.id, detail=detail))
+        log.warning("request %s: %s", self.ctx.request_id, detail)
+        if self._assembler is None:
+            message = f"backend {source.backend.id} failed mid-stream; the response is incomplete"
+            await self._send(
+                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
+            )
+            await self._send({"type": "http.response.body", "body": b""})
+        source.backend.last_error = detail
+        return False
+
+    def _resolve(self, result: MoveResult) -> None:
+        order = self._order
+        if order is None:
+            return
+        self._order = None
+        if not order.done.done():
+            order.done.set_result(result)
+
+    def _eject(self, backend: Backend, brk: _Break) -> None:
+        """Passive ejection: a backend that broke or stalled under a request gets no new ones
+        until its next passing health check."""
+        self._failed.add(backend.id)
+        kind = "stalled" if brk.kind == "stalled" else "mid_stream"
+        self._metrics.upstream_errors.labels(backend.id, kind).inc()
+        backend.last_error = f"{kind}: {brk.detail}"
+        log.warning("request %s: %s %s: %s", self.ctx.request_id, backend.id, kind, brk.detail)
+        if backend.healthy:
+            backend.healthy = False
+            self._metrics.passive_ejections.labels(backend.id, kind).inc()
+
+    # --- bookkeeping
+
+    def _begin_leg(self, leg: Leg) -> None:
+        self.leg = leg
+        self.legs.append(leg)
+        self._leg_live = False
+
+    def _close_leg(self) -> None:
+        """Done with the current leg (it stays `self.leg`, for the view and the headers)."""
+        leg = self.leg
+        if leg is None or leg.closed:
+            return
+        leg.closed = True
+        leg.resp.release()  # closes an unfinished response: the backend aborts it
+        self._policy_done(leg.decision)
+        self._leg_live = False
+
+    def _policy_done(self, decision: Decision) -> None:
+        on_finish = self._core.policy_on_finish
+        if on_finish is not None:
+            on_finish(self.ctx, decision)
+
+    def _note_failure(self, e: RetryableUpstream) -> None:
+        self._opener.note_failure(
+            self.ctx.request_id, e, len(self.tried), time.perf_counter() - self.arrived
+        )
+
+
+def _with_token_ids(raw: bytes, parsed: dict[str, Any]) -> bytes:
+    """The client's body asking vLLM for token ids too, its own bytes kept where possible."""
+    if "return_token_ids" in parsed:
+        return orjson.dumps({**parsed, "return_token_ids": True})
+    brace = raw.find(b"{")
+    return raw[: brace + 1] + b'"return_token_ids":true,' + raw[brace + 1 :]
+
+
+def _exhausted(tried: list[str], last: RetryableUpstream) -> ProxyError:
+    return ProxyError(
+        502,
+        f"no backend answered after {len(tried)} attempt(s) ({', '.join(tried)}); "
+        f"last error: {last}",
+        type="upstream_error",
+        code=502,
+    )
