@@ -25,7 +25,9 @@ if [[ "$with_pd" == 1 ]]; then bash "$here/prepare.sh" --with-nixl; else bash "$
 
 engines start --count 2 >/dev/null
 FLEET_REAL_VLLM_REQUIRED=1 "$pytest_bin" -m real_vllm tests/real_vllm -v \
-  --ignore tests/real_vllm/test_pd_nixl.py
+  --ignore tests/real_vllm/test_pd_nixl.py --ignore tests/real_vllm/test_engine_kill.py
+# Last on these engines: it SIGKILLs one of them mid-stream.
+FLEET_REAL_VLLM_REQUIRED=1 "$pytest_bin" -m real_vllm tests/real_vllm/test_engine_kill.py -v
 engines stop
 
 if [[ "$with_pd" == 1 ]]; then

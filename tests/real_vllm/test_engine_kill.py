@@ -1,0 +1,74 @@
+"""SIGKILL one of the two real engines while it streams: every client still gets the greedy
+output of an uninterrupted run. The tier runs this last, in a phase of its own: it leaves one
+engine alive."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.real_vllm.moves import TOTAL, body, read_stream
+from tests.real_vllm.tier import Tier, start_proxy
+
+pytestmark = pytest.mark.real_vllm
+
+ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
+TOKENS = 1000  # long enough that the killed engine is surely mid-stream (the model is tiny)
+
+
+async def busy_backend(client: httpx.AsyncClient, url: str) -> str:
+    """The backend of the first live request with a few tokens relayed (the proxy's view)."""
+    while True:
+        rows = (await client.get(url + "/admin/requests")).json()
+        for row in rows:
+            if (row["tokens_generated"] or 0) >= 8:
+                return str(row["backend"])
+        await asyncio.sleep(0.02)
+
+
+async def test_killing_an_engine_mid_stream_loses_nothing(tier: Tier, tmp_path: Path) -> None:
+    proxy = start_proxy(tier, "round_robin", tmp_path)
+    try:
+        async with httpx.AsyncClient(timeout=300) as client:
+            refs = {
+                ep: await read_stream(
+                    client, tier.engines[0].url + ep, body(tier.model, ep, TOKENS)
+                )
+                for ep in ENDPOINTS
+            }
+            for ref in refs.values():
+                assert len(ref.token_ids) == TOKENS and len(set(ref.token_ids)) > TOTAL // 2
+            # Four streams, round-robin: each engine serves one of each kind. As soon as the
+            # proxy has relayed a few tokens of one, that one's engine is killed.
+            streams = [
+                asyncio.create_task(
+                    read_stream(client, proxy.url + ep, body(tier.model, ep, TOKENS))
+                )
+                for ep in ENDPOINTS
+                for _ in range(2)
+            ]
+            victim = await asyncio.wait_for(busy_backend(client, proxy.url), timeout=120)
+            os.killpg(tier.by_backend_id(victim).pid, signal.SIGKILL)
+            results = await asyncio.gather(*streams)
+            metrics = (await client.get(f"{proxy.url}/metrics")).text
+        for i, got in enumerate(results):
+            ref = refs[ENDPOINTS[i // 2]]
+            assert got.errors == [] and got.done == 1, got.events[-3:]
+            assert got.token_ids == ref.token_ids
+            assert got.text == ref.text
+        # The victim served one stream of each kind: at least one moved (both, unless one of
+        # them had ended before the kill).
+        moved = re.search(
+            r'^fleet_proxy_migrations_total\{outcome="ok",reason="backend_failed"\} (\S+)$',
+            metrics,
+            re.MULTILINE,
+        )
+        assert moved is not None and float(moved.group(1)) >= 1, metrics[-2000:]
+    finally:
+        proxy.stop()
