@@ -63,6 +63,10 @@ HOT_ROUTES: dict[str, tuple[str, bool]] = {
 }
 
 
+_DISABLED = Movability(movable=False, planned=False, reason="disabled")
+_NOT_STREAMED = Movability(movable=False, planned=False, reason="not_streamed")
+
+
 class _Watch:
     """Shared between a request and its disconnect watcher."""
 
@@ -125,9 +129,9 @@ class Forwarder:
         if ctx.endpoint not in GENERATION:
             return None
         if not self._movable:
-            return Movability(movable=False, planned=False, reason="disabled")
+            return _DISABLED
         if not ctx.stream and not self._assemble:
-            m = Movability(movable=False, planned=False, reason="not_streamed")
+            m = _NOT_STREAMED
         else:
             m = movability(ctx.endpoint, ctx.body)
         if not m.movable:

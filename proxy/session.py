@@ -77,13 +77,11 @@ class _MoveOrder:
 
 class RequestSession:
     __slots__ = (
-        "_aligner",
         "_assembler",
         "_body_fields",
         "_charge",
         "_core",
         "_cut_at",
-        "_failed",
         "_first_body",
         "_leg_live",
         "_metrics",
@@ -132,7 +130,6 @@ class RequestSession:
         self._movability = movability
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
-        self._failed: set[str] = set()  # backends that broke or stalled under this request
         self.legs: list[Leg] = []  # every leg that answered, in order
         self.leg: Leg | None = None  # the leg serving the request now
         self._leg_live = False  # the current leg has produced output
@@ -142,7 +139,6 @@ class RequestSession:
         self._order: _MoveOrder | None = None
         self._cut_at: float | None = None  # when the stream was cut for a move in progress
         self._splicer: Splicer | None = None
-        self._aligner = EventAligner()
         self._charge = ctx.prompt_tokens
         client_ids = ctx.body.get("return_token_ids") is True
         self._strip = not client_ids
@@ -202,7 +198,7 @@ class RequestSession:
             "backend": self.backend_id,
             "stream": self.ctx.stream,
             "prompt_tokens": self._charge,
-            "events": ledger.events if ledger is not None else None,
+            "token_events": ledger.token_events if ledger is not None else None,
             "tokens_generated": len(ledger.generated) if ledger is not None else None,
             "attempts": len(self.tried),
             "first_token": self.first_token_at is not None,
@@ -269,9 +265,12 @@ class RequestSession:
         backend = decision.target
         self.tried.append(backend.id)
         try:
-            prefill, body, headers, charge = await opener.prefill_elsewhere(
-                ctx, decision, self.path, self._first_body, self._body_fields, self.headers
-            )
+            if decision.prefill is None:  # the common case, without a coroutine call
+                prefill, body, headers, charge = None, self._first_body, self.headers, None
+            else:
+                prefill, body, headers, charge = await opener.prefill_elsewhere(
+                    ctx, decision, self.path, self._first_body, self._body_fields, self.headers
+                )
             if charge is None:
                 # What the policy expects the backend to compute (its uncached part), else all.
                 charge = decision.prefill_tokens
@@ -345,9 +344,16 @@ class RequestSession:
         """This leg's events to the client; None once the response is complete."""
         resp = leg.resp
         ledger = self.ledger
-        feed = ledger.feed if ledger is not None else self._aligner.feed
+        aligner: EventAligner | None = None
+        if ledger is not None:
+            feed = ledger.feed
+        else:
+            aligner = EventAligner()
+            feed = aligner.feed
         splicer = self._splicer
-        emit = self._emit
+        assembler = self._assembler
+        send = self._send
+        clock = time.perf_counter
         try:
             async for chunk in resp:
                 out = feed(chunk)
@@ -367,12 +373,16 @@ class RequestSession:
                 if not self._leg_live:
                     self._first_output(leg)
                 if resp.at_end and (ledger is None or ledger.done):
-                    if ledger is None and self._aligner.tail:
-                        out += self._aligner.tail  # not SSE after all: relay every byte
-                    await emit(self._closing(out), True)
+                    if aligner is not None and aligner.tail:
+                        out += aligner.tail  # not SSE after all: relay every byte
+                    await self._emit(self._closing(out), True)
                     return None
-                await emit(out, False)
-                self.last_sent = time.perf_counter()
+                # Inlined _emit(out, False): one coroutine less per chunk.
+                if assembler is None:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                else:
+                    assembler.feed(out)
+                self.last_sent = clock()
         except UpstreamError as e:
             if e.kind == "interrupted":
                 return _Break("moved", str(e))
@@ -380,7 +390,7 @@ class RequestSession:
                 return _Break("stalled", str(e))
             return _Break("failed", str(e))
         if ledger is None or ledger.done:
-            await emit(self._closing(self._aligner.tail if ledger is None else b""), True)
+            await self._emit(self._closing(aligner.tail if aligner is not None else b""), True)
             return None
         return _Break("failed", "the stream ended without its [DONE]")
 
@@ -511,7 +521,7 @@ class RequestSession:
     ) -> bool:
         ctx = self.ctx
         cut_at = self.last_sent or time.perf_counter()
-        restart = ledger.events == 0  # nothing reached the client: send the request afresh
+        restart = not ledger.sent  # nothing reached the client: send the request afresh
         if restart:
             path, body, prompt_len, tokens = self.path, self._first_body, ctx.prompt_tokens, 0
         else:
@@ -534,7 +544,8 @@ class RequestSession:
                 return await self._give_up(source, f"the request cannot continue: {e}")
             path, body = _CONTINUE_PATH, orjson.dumps(continued)
             prompt_len, tokens = len(prompt_ids) + len(generated), len(generated)
-        exclude = {source.backend.id, *self._failed}
+        # Backends that broke are out of the candidates until their health check passes.
+        exclude = {source.backend.id}
         required = order.to if order is not None else None
         for _ in range(self._settings.max_attempts):
             try:
@@ -651,7 +662,6 @@ class RequestSession:
     def _eject(self, backend: Backend, brk: _Break) -> None:
         """Passive ejection: a backend that broke or stalled under a request gets no new ones
         until its next passing health check."""
-        self._failed.add(backend.id)
         kind = "stalled" if brk.kind == "stalled" else "mid_stream"
         self._metrics.upstream_errors.labels(backend.id, kind).inc()
         backend.last_error = f"{kind}: {brk.detail}"

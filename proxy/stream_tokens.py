@@ -23,18 +23,31 @@ escaped (so `token_ids":` cannot appear inside a string value).
 
 from __future__ import annotations
 
+import re
+from collections import deque
+
 import orjson
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]\n\n"
-# Matches both `"token_ids":` and `"prompt_token_ids":`; which one is told by the bytes before.
-_IDS_KEY = b'token_ids":'
-_IDS_KEY_LEN = len(_IDS_KEY)
-_PROMPT_PREFIX = b',"prompt_'  # the bytes before `token_ids":` of `,"prompt_token_ids":`
-_PROMPT_TEXT_NULL = b',"prompt_text":null'
-_NULL = b"null"
 _ERROR_EVENT = b'data: {"error"'
 _NO_CHOICES = b'"choices":[]'
+_FINISHED = b'"finish_reason":"'  # a finish_reason that is a string, not null
+_TOKEN_IDS_KEY = b'"token_ids":'
+_TOKEN_EVENT_END = b"]}]}\n\n"  # a token event's last bytes: its token_ids closes the choice
+# Chunks kept for the look back at a cut: more than the longest run of tokens with empty text
+# (a character split over at most four byte tokens).
+RECENT_CHUNKS = 8
+_TEXT_EMPTY = b'"text":"",'
+_CHAT_EMPTY = b'"delta":{"content":""'
+_CHAT_CONTENT = b'"delta":{"content":'
+# Every id field vLLM adds for return_token_ids, with the comma before it; group 1 is the value
+# of a `token_ids` field (None for the prompt's fields). vLLM writes compact JSON.
+_ID_FIELDS = re.compile(
+    rb',"(?:prompt_token_ids":(?:null|\[[\d,]*\])(?:,"prompt_text":null)?|token_ids":(\[[\d,]*\]))'
+)
+_TOKEN_IDS = re.compile(rb'"token_ids":(\[[\d,]*\])')
+_PROMPT_IDS = re.compile(rb'"prompt_token_ids":(\[[\d,]*\])')
 
 
 class EventAligner:
@@ -59,44 +72,43 @@ class EventAligner:
         return data[:end]
 
 
-class TokenLedger(EventAligner):
+class TokenLedger:
     """The token ids a generation stream delivered, across every backend leg it had.
 
     Per leg, call `start_leg(...)`; then `feed(chunk)` returns the whole events to pass on
-    (with the id fields removed when `strip`).
+    (with the id fields removed when `strip`). Per chunk it does one regex pass and keeps a
+    reference to the chunk in a short window; everything else (where to cut, whether the
+    stream had finished) is read from that window when the stream is cut.
     """
 
     __slots__ = (
+        "_cached",
         "_chat",
-        "_generated",
+        "_recent",
         "_slices",
         "done",
         "error_event",
-        "events",
-        "finished",
         "first_event",
-        "not_movable",
         "prompt_slice",
-        "safe",
+        "sent",
         "strip",
-        "usage_seen",
+        "tail",
     )
 
     def __init__(self) -> None:
-        super().__init__()
+        self.tail = b""
         self.strip = True
         self._chat = False
         self.prompt_slice = b""  # the raw `[...]` of prompt_token_ids, from the first leg
-        self._slices: list[bytes] = []  # each event's raw `[...]` of token_ids, in order
-        self._generated: list[int] | None = None  # parsed _slices, cached
-        self.safe = 0  # slices after which the client's text is complete
+        self._slices: list[bytes] = []  # each token event's raw `[...]` of token_ids, in order
+        self._cached: tuple[int, list[int]] = (0, [])  # parsed _slices[:n]
+        # The last whole-event chunks of this leg (references, no copies): the end of the
+        # stream as the client got it, read only when the stream is cut.
+        self._recent: deque[bytes] = deque(maxlen=RECENT_CHUNKS)
         self.first_event = b""  # the stream's first event: its id, created and model
-        self.events = 0  # whole events passed on, over all legs
-        self.finished = False  # an event carried a finish_reason
-        self.done = False  # `data: [DONE]` passed
-        self.usage_seen = False  # the final usage event (no choices) passed
-        self.error_event = False  # the backend sent an `{"error": ...}` event
-        self.not_movable = ""  # the stream showed a shape a continuation cannot splice
+        self.sent = False  # whole events were passed on
+        self.done = False  # this leg's `data: [DONE]` passed
+        self.error_event = False  # this leg's backend sent an `{"error": ...}` event
 
     def start_leg(self, *, strip: bool, chat: bool) -> None:
         """A new backend leg: `chat` when its events are chat chunks, `strip` to remove the
@@ -106,86 +118,108 @@ class TokenLedger(EventAligner):
         self._chat = chat
         self.done = False
         self.error_event = False
+        self._recent.clear()
 
     def feed(self, chunk: bytes) -> bytes:
-        data = EventAligner.feed(self, chunk)
-        if not data:
-            return data
-        self.events += data.count(_EVENT_END)
+        # EventAligner.feed, inlined: this runs for every chunk of every movable stream.
+        data = self.tail + chunk if self.tail else chunk
+        end = data.rfind(_EVENT_END)
+        if end < 0:
+            self.tail = data
+            return b""
+        end += 2
+        if end == len(data):
+            self.tail = b""
+        else:
+            self.tail = data[end:]
+            data = data[:end]
+        self._recent.append(data)
+        if not self.prompt_slice:
+            self._opening(data)
+        if not data.endswith(_TOKEN_EVENT_END):
+            # The rare chunk that does not end with tokens: the opening, usage, end or error.
+            if data.endswith(_DONE):
+                self.done = True
+            if _ERROR_EVENT in data:
+                self.error_event = True
+        if self.strip:
+            # One C-level pass: the text between the id fields, and each token_ids value
+            # (None for the prompt's fields, which are only removed).
+            parts = _ID_FIELDS.split(data)
+            if len(parts) > 1:
+                self._slices += [p for p in parts[1::2] if p is not None]
+                data = b"".join(parts[::2])
+        else:
+            self._slices += _TOKEN_IDS.findall(data)
+        return data
+
+    def _opening(self, data: bytes) -> None:
         if not self.first_event:
             self.first_event = data[: data.find(_EVENT_END)]
-        if data.endswith(_DONE):
-            self.done = True
-        if _ERROR_EVENT in data:
-            self.error_event = True
-        if _NO_CHOICES in data:
-            self.usage_seen = True  # only the final usage event has no choices
-        pos = data.find(_IDS_KEY)
-        if pos < 0:
-            return data
-        strip = self.strip
-        pieces: list[bytes] = []
-        start = 0
-        while pos >= 0:
-            value = pos + _IDS_KEY_LEN
-            # A null, or a list of ints: its first "]" closes it.
-            close = value + 4 if data.startswith(_NULL, value) else data.index(b"]", value) + 1
-            if data.startswith(_PROMPT_PREFIX, pos - 9):
-                field = pos - 9
-                if not self.prompt_slice and close - value > 4:
-                    self.prompt_slice = data[value:close]
-                if data.startswith(_PROMPT_TEXT_NULL, close):
-                    close += len(_PROMPT_TEXT_NULL)  # chat's companion field, null with it
-            else:
-                field = pos - 2  # the comma and the opening quote
-                self._token_event(data, value, close)
-            if strip:
-                pieces.append(data[start:field])
-                start = close
-            pos = data.find(_IDS_KEY, close)
-        if not strip:
-            return data
-        pieces.append(data[start:])
-        return b"".join(pieces)
+            self.sent = True
+        found = _PROMPT_IDS.search(data)
+        if found is not None:
+            self.prompt_slice = found.group(1)
 
-    def _token_event(self, data: bytes, value: int, close: int) -> None:
-        self._slices.append(data[value:close])
-        self._generated = None
-        begin = data.rfind(_EVENT_END, 0, value) + 1
-        if data.find(b'"finish_reason":null', begin, value) < 0:
-            self.finished = True
+    # --- read when the stream is cut (or for the admin API), never per chunk
+
+    def _tail_events(self) -> list[bytes]:
+        events: list[bytes] = []
+        for data in self._recent:
+            events += [e for e in data.split(_EVENT_END) if e]
+        return events
+
+    @property
+    def finished(self) -> bool:
+        """The last token event carried a finish_reason: every token reached the client."""
+        for event in reversed(self._tail_events()):
+            if _NO_CHOICES in event:
+                return True  # the usage event comes after the last token
+            if _TOKEN_IDS_KEY in event:
+                return _FINISHED in event
+        return False
+
+    @property
+    def usage_seen(self) -> bool:
+        return any(_NO_CHOICES in e for e in self._tail_events())
+
+    @property
+    def not_movable(self) -> str:
+        """Why the stream, as it looks now, cannot be continued elsewhere ("" if it can)."""
         if self._chat:
-            at = data.find(b'"delta":{"content":"', begin, value)
-            if at < 0:
-                # A reasoning or tool-call delta, or a final empty one; only the last is fine.
-                if not self.finished and not self.not_movable:
-                    self.not_movable = "structured_delta"
-                return
-            empty = data[at + 20] == 0x22  # the string closes at once: ""
-        else:
-            empty = data.find(b'"text":"",', begin, value) >= 0
-        if not empty:
-            self.safe = len(self._slices)
+            for event in self._tail_events():
+                if _TOKEN_IDS_KEY in event and _CHAT_CONTENT not in event:
+                    if _FINISHED in event:
+                        continue  # a final event with an empty delta
+                    # A reasoning or tool-call delta: a continuation could not rebuild it.
+                    return "structured_delta"
+        return ""
 
-    # --- read when a request moves (or for the admin API), never per chunk
+    def safe(self) -> int:
+        """Token events after which the client's text is complete: the last event with text.
+
+        A token whose text was empty may hold part of a character (vLLM sends the character
+        with a later token); such trailing tokens are generated again rather than lost."""
+        n = len(self._slices)
+        empty = _CHAT_EMPTY if self._chat else _TEXT_EMPTY
+        trailing = 0
+        for event in reversed(self._tail_events()):
+            if _TOKEN_IDS_KEY not in event:
+                continue
+            if empty not in event:
+                return n - trailing
+            trailing += 1
+        return n  # no event with text in the window: cut after everything sent
 
     @property
     def generated(self) -> list[int]:
         """Every generated token id the stream delivered, in order."""
-        ids = self._generated
-        if ids is None:
-            ids = []
-            for raw in self._slices:
+        n, ids = self._cached
+        if n != len(self._slices):
+            ids = list(ids)
+            for raw in self._slices[n:]:
                 ids.extend(orjson.loads(raw))
-            self._generated = ids
-        return ids
-
-    def safe_generated(self) -> list[int]:
-        """The generated ids up to the last event whose text the client received whole: the
-        point a continuation starts from."""
-        ids: list[int] = []
-        for raw in self._slices[: self.safe]:
-            ids.extend(orjson.loads(raw))
+            self._cached = (len(self._slices), ids)
         return ids
 
     def prompt_ids(self) -> list[int] | None:
@@ -196,9 +230,10 @@ class TokenLedger(EventAligner):
 
     def rewind_to_safe(self) -> None:
         """Forget the tokens after the cut: the target generates them again."""
-        if self.safe < len(self._slices):
-            del self._slices[self.safe :]
-            self._generated = None
+        safe = self.safe()
+        if safe < len(self._slices):
+            del self._slices[safe:]
+            self._cached = (0, [])
 
     @property
     def token_events(self) -> int:

@@ -67,8 +67,8 @@ def test_ids_are_recorded_and_stripped_however_the_stream_is_cut(endpoint: str, 
     assert [without_ids(e) for e in events_of(passed)] == [without_ids(e) for e in events_of(raw)]
     assert b"token_ids" not in passed and b"prompt_text" not in passed
     assert ledger.done and ledger.finished and ledger.usage_seen and not ledger.error_event
-    assert ledger.events == len(events_of(raw))
-    assert ledger.safe == 12 and ledger.not_movable == ""
+    assert ledger.sent and ledger.token_events == 12
+    assert ledger.safe() == 12 and ledger.not_movable == ""
     assert ledger.first_event == events_of(raw)[0]
 
 
@@ -102,10 +102,11 @@ def test_the_safe_cut_is_after_the_last_event_with_text() -> None:
     # Half of a multi-byte character: vLLM sends the token with no text yet.
     ledger.feed(completion_event("", [13]))
     assert ledger.generated == [10, 11, 12, 13]
-    assert ledger.safe == 2 and ledger.safe_generated() == [10, 11, 12]
-    assert not ledger.finished
+    assert ledger.safe() == 2 and not ledger.finished
     ledger.rewind_to_safe()
     assert ledger.generated == [10, 11, 12]
+    ledger.feed(completion_event(" world", [14], finish="length"))
+    assert ledger.safe() == 3 and ledger.finished and not ledger.usage_seen
 
 
 def test_a_chat_delta_that_is_not_plain_content_makes_the_stream_unmovable() -> None:
