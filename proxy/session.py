@@ -405,11 +405,13 @@ class RequestSession:
 
     def _closing(self, out: bytes) -> bytes:
         """The last bytes of a stream; a debug request's stream gets its legs as an SSE
-        comment (ignored by SSE clients) before its [DONE]."""
-        if not self.ctx.debug or not out.endswith(_DONE_EVENT) or self._assembler is not None:
+        comment (ignored by SSE clients) before its [DONE] (after it, when [DONE] is gone)."""
+        if not self.ctx.debug or self._assembler is not None:
             return out
         note = b": x-fleet-legs " + orjson.dumps([g.receipt() for g in self.legs]) + b"\n\n"
-        return out[: -len(_DONE_EVENT)] + note + _DONE_EVENT
+        if out.endswith(_DONE_EVENT):
+            return out[: -len(_DONE_EVENT)] + note + _DONE_EVENT
+        return out + note  # [DONE] went out with an earlier chunk
 
     async def _emit(self, out: bytes, final: bool) -> None:
         assembler = self._assembler
