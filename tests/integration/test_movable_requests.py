@@ -378,3 +378,68 @@ async def test_200_streams_survive_an_engine_killed_mid_run() -> None:
             assert all(r.status == 200 for r in results)
             assert [r for r in results if r.errors or r.done != 1] == []
             assert all(r.text == ref.text for r in results)
+
+
+async def test_a_seeded_request_moves_on_failure_only(fleet: SimFleet) -> None:
+    settings = fast_settings(backends(fleet)[:2], policy="round_robin")
+    path = "/v1/completions"
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
+        body = body_for(path, seed=7)
+        ref = await reference(client, fleet, path, body)
+        refused: list[httpx.Response] = []
+
+        async def move_then_break(s: Streamed) -> None:
+            rid = s.headers["x-request-id"]
+            refused.append(await client.post(url + f"/admin/requests/{rid}/migrate", json={}))
+            await set_fault(client, fleet, s.headers["x-fleet-backend"], cut_stream_after_tokens=9)
+
+        got = await stream(client, url, path, body, after=4, action=move_then_break)
+        [r] = refused
+        assert r.status_code == 409 and r.json() == {
+            "request_id": got.headers["x-request-id"],
+            "outcome": "not_movable",
+            "detail": "seed",
+        }
+        assert not got.errors and got.done == 1 and got.text == ref.text
+        assert (await migrations(client, url)).get(("backend_failed", "ok")) == 1.0
+
+
+async def test_migrate_to_a_named_backend_and_its_errors(fleet: SimFleet) -> None:
+    settings = fast_settings(backends(fleet), policy="round_robin", admin_token="s3cret")
+    path = "/v1/chat/completions"
+    auth = {"x-admin-token": "s3cret"}
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
+        body = body_for(path)
+        ref = await reference(client, fleet, path, body)
+        answers: dict[str, httpx.Response] = {}
+
+        async def move_it(s: Streamed) -> None:
+            rid, source = s.headers["x-request-id"], s.headers["x-fleet-backend"]
+            target = next(b for b in ("e0", "e1", "e2") if b != source)
+            migrate = url + f"/admin/requests/{rid}/migrate"
+            answers["no token"] = await client.post(migrate, json={"to": target})
+            answers["unknown backend"] = await client.post(migrate, json={"to": "e9"}, headers=auth)
+            answers["bad reason"] = await client.post(
+                migrate, json={"reason": "Not A Label"}, headers=auth
+            )
+            answers["unknown request"] = await client.post(
+                url + "/admin/requests/nope/migrate", json={}, headers=auth
+            )
+            answers["same backend"] = await client.post(migrate, json={"to": source}, headers=auth)
+            answers["ok"] = await client.post(
+                migrate, json={"to": target, "reason": "rebalance"}, headers=auth
+            )
+
+        got = await stream(client, url, path, body, after=5, action=move_it)
+        assert answers["no token"].status_code == 401
+        assert answers["unknown backend"].status_code == 404
+        assert answers["bad reason"].status_code == 400
+        assert answers["unknown request"].status_code == 404
+        assert answers["same backend"].status_code == 409
+        assert answers["same backend"].json()["detail"] == "already_there"
+        ok = answers["ok"].json()
+        assert answers["ok"].status_code == 200 and ok["outcome"] == "ok"
+        assert ok["target"] == next(b for b in ("e0", "e1", "e2") if b != ok["source"])
+        assert not got.errors and got.done == 1 and got.text == ref.text
+        moved = await client.get(url + "/metrics")
+        assert 'fleet_proxy_migrations_total{outcome="ok",reason="rebalance"} 1.0' in moved.text
