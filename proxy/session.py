@@ -3,7 +3,8 @@ serve it.
 
 The session owns what lives as long as the client's request: what was sent to the client, the
 accounting on the backend currently serving it, its entry in the live table, its usage and
-token ledger. Each backend attempt is a `Leg` (proxy/legs.py).
+token ledger. Each backend attempt is a `Leg` (proxy/legs.py); moving from one leg to the next
+after the first byte is the session's other half, proxy/moves.py.
 
 Failure rules:
 - before anything reaches the client (connect error, timeout, a 5xx answer, a connection
@@ -22,7 +23,6 @@ Failure rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -35,62 +35,38 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from fleet.types import Backend
 from policies.base import Decision, RequestContext
 from proxy.accounting import Dispatch
 from proxy.asgi import Send, response_headers
 from proxy.assemble import Assembler
-from proxy.continuation import Movability, continuation_body
+from proxy.continuation import Movability
 from proxy.core import ProxyCore
-from proxy.errors import ProxyError, sse_error_event
+from proxy.errors import ProxyError
 from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
-from proxy.live import MoveResult, NotMovable
-from proxy.splice import Splicer, StreamIdentity
+from proxy.live import MoveResult
+from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
+from proxy.splice import Splicer
 from proxy.stream_tokens import EventAligner, TokenLedger
 from proxy.upstream import UpstreamError
 
 log = logging.getLogger("fleet_proxy.session")
 
-_CONTINUE_PATH = "/v1/completions"
-_DONE_EVENT = b"data: [DONE]\n\n"
 _ERROR_EVENT = b'data: {"error"'
 
 
-class _Break:
-    """Why a leg's stream stopped before its end: failed | stalled | moved."""
-
-    __slots__ = ("detail", "kind")
-
-    def __init__(self, kind: str, detail: str) -> None:
-        self.kind = kind
-        self.detail = detail
-
-
-class _MoveOrder:
-    __slots__ = ("done", "reason", "to")
-
-    def __init__(self, to: Backend | None, reason: str) -> None:
-        self.to = to
-        self.reason = reason
-        self.done: asyncio.Future[MoveResult] = asyncio.get_running_loop().create_future()
-
-
-class RequestSession:
+class RequestSession(SessionMoves):
     __slots__ = (
         "_assembler",
         "_body_fields",
         "_charge",
         "_core",
-        "_cut_at",
         "_first_body",
         "_leg_live",
         "_metrics",
         "_movability",
         "_opener",
-        "_order",
         "_send",
         "_settings",
-        "_splicer",
         "_strip",
         "arrived",
         "ctx",
@@ -101,7 +77,6 @@ class RequestSession:
         "ledger",
         "leg",
         "legs",
-        "moves",
         "path",
         "tried",
     )
@@ -136,7 +111,7 @@ class RequestSession:
         self.first_token_at: float | None = None
         self.last_sent = 0.0
         self.moves = 0
-        self._order: _MoveOrder | None = None
+        self._order: MoveOrder | None = None
         self._cut_at: float | None = None  # when the stream was cut for a move in progress
         self._splicer: Splicer | None = None
         self._charge = ctx.prompt_tokens
@@ -340,7 +315,7 @@ class RequestSession:
             if not await self._next_leg(brk):
                 return False
 
-    async def _relay(self, leg: Leg) -> _Break | None:
+    async def _relay(self, leg: Leg) -> Break | None:
         """This leg's events to the client; None once the response is complete."""
         resp = leg.resp
         ledger = self.ledger
@@ -365,7 +340,7 @@ class RequestSession:
                     cut = out.find(_ERROR_EVENT)
                     if cut > 0:
                         await self._pass(leg, out[:cut], splicer)
-                    return _Break("failed", "the backend sent an error event mid-stream")
+                    return Break("failed", "the backend sent an error event mid-stream")
                 if splicer is not None:
                     out = splicer.rewrite(out)
                     if not out:
@@ -385,14 +360,14 @@ class RequestSession:
                 self.last_sent = clock()
         except UpstreamError as e:
             if e.kind == "interrupted":
-                return _Break("moved", str(e))
+                return Break("moved", str(e))
             if e.kind == "timeout" and self._leg_live:
-                return _Break("stalled", str(e))
-            return _Break("failed", str(e))
+                return Break("stalled", str(e))
+            return Break("failed", str(e))
         if ledger is None or ledger.done:
             await self._emit(self._closing(aligner.tail if aligner is not None else b""), True)
             return None
-        return _Break("failed", "the stream ended without its [DONE]")
+        return Break("failed", "the stream ended without its [DONE]")
 
     async def _pass(self, leg: Leg, out: bytes, splicer: Splicer | None) -> None:
         if splicer is not None:
@@ -409,8 +384,8 @@ class RequestSession:
         if not self.ctx.debug or self._assembler is not None:
             return out
         note = b": x-fleet-legs " + orjson.dumps([g.receipt() for g in self.legs]) + b"\n\n"
-        if out.endswith(_DONE_EVENT):
-            return out[: -len(_DONE_EVENT)] + note + _DONE_EVENT
+        if out.endswith(DONE_EVENT):
+            return out[: -len(DONE_EVENT)] + note + DONE_EVENT
         return out + note  # [DONE] went out with an earlier chunk
 
     async def _emit(self, out: bytes, final: bool) -> None:
@@ -468,209 +443,6 @@ class RequestSession:
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
         await self._send({"type": "http.response.body", "body": body})
         return 200
-
-    # --- moving
-
-    async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
-        why = self.movable_reason(planned=True)
-        if why:
-            raise NotMovable(why)
-        if self._order is not None or self._cut_at is not None:
-            raise NotMovable("move_in_progress")
-        leg = self.leg
-        if leg is None:
-            raise NotMovable("not_started")
-        if leg.closed:
-            raise NotMovable("move_in_progress")
-        if to is not None and to is leg.backend:
-            raise NotMovable("already_there")
-        order = _MoveOrder(to, reason)
-        self._order = order
-        leg.resp.interrupt(f"moved by the proxy ({reason})")
-        return await asyncio.shield(order.done)
-
-    async def _next_leg(self, brk: _Break) -> bool:
-        """Continue the request after its leg stopped; False when it cannot (the client then
-        got an error, or an assembled answer fails)."""
-        source = self.leg
-        assert source is not None
-        order = self._order if brk.kind == "moved" else None
-        if brk.kind == "moved" and order is None:
-            brk = _Break("failed", brk.detail)
-        self._close_leg()
-        if self._cut_at is not None:
-            # The previous move's target broke before its first token.
-            self._metrics.count_migration(source.reason, "failed")
-        if order is None:
-            self._eject(source.backend, brk)
-            reason = "backend_stalled" if brk.kind == "stalled" else "backend_failed"
-        else:
-            reason = order.reason
-        ledger = self.ledger
-        if ledger is not None and ledger.finished:
-            # Every token reached the client; only the stream's ending was lost.
-            await self._synthesize_end()
-            self._resolve(MoveResult("finished", source.backend.id))
-            return True
-        why = self.movable_reason(planned=order is not None)
-        if ledger is None or why:
-            self._metrics.count_migration(reason, "not_movable")
-            return await self._give_up(source, f"{brk.detail}; the request cannot move ({why})")
-        return await self._continue(source, ledger, reason, order)
-
-    async def _continue(
-        self, source: Leg, ledger: TokenLedger, reason: str, order: _MoveOrder | None
-    ) -> bool:
-        ctx = self.ctx
-        cut_at = self.last_sent or time.perf_counter()
-        restart = not ledger.sent  # nothing reached the client: send the request afresh
-        if restart:
-            path, body, prompt_len, tokens = self.path, self._first_body, ctx.prompt_tokens, 0
-        else:
-            ledger.rewind_to_safe()
-            prompt_ids = ledger.prompt_ids()
-            generated = ledger.generated
-            if prompt_ids is None:
-                self._metrics.count_migration(reason, "not_movable")
-                return await self._give_up(source, "the backend returned no prompt token ids")
-            try:
-                continued = continuation_body(
-                    ctx.endpoint,
-                    ctx.body,
-                    prompt_ids,
-                    generated,
-                    max_model_len=source.backend.max_model_len,
-                )
-            except ValueError as e:
-                self._metrics.count_migration(reason, "not_movable")
-                return await self._give_up(source, f"the request cannot continue: {e}")
-            path, body = _CONTINUE_PATH, orjson.dumps(continued)
-            prompt_len, tokens = len(prompt_ids) + len(generated), len(generated)
-        # Backends that broke are out of the candidates until their health check passes.
-        exclude = {source.backend.id}
-        required = order.to if order is not None else None
-        for _ in range(self._settings.max_attempts):
-            try:
-                decision = self._opener.choose(ctx, exclude, first=False, required=required)
-            except ProxyError as e:
-                break_detail = e.message
-                break
-            target = decision.target
-            self.dispatch.move(target.load, prompt_len)
-            try:
-                resp = await self._opener.request(target, path, self.headers, body)
-            except RetryableUpstream as e:
-                self._note_failure(e)
-                self.dispatch.release()
-                self._policy_done(decision)
-                exclude.add(target.id)
-                break_detail = str(e)
-                if required is not None:
-                    break
-                continue
-            if resp.status != 200:
-                detail = (await resp.read())[:300].decode("utf-8", "replace")
-                resp.release()
-                self.dispatch.release()
-                self._policy_done(decision)
-                break_detail = f"{target.id} answered HTTP {resp.status}: {detail}"
-                break
-            leg = Leg(decision, None, resp, reason, tokens)
-            self._begin_leg(leg)
-            if restart:
-                ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
-                self._splicer = None
-            else:
-                ledger.start_leg(strip=False, chat=False)
-                self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens)
-            self.moves += 1
-            self._cut_at = cut_at
-            self._metrics.migration_recomputed_tokens.inc(prompt_len)
-            log.info(
-                "request %s: moved %s -> %s after %d tokens (%s)",
-                ctx.request_id, source.backend.id, target.id, tokens, reason,
-            )  # fmt: skip
-            return True
-        else:
-            break_detail = "no backend could continue it"
-        self._metrics.count_migration(reason, "failed")
-        return await self._give_up(source, f"the request could not continue: {break_detail}")
-
-    def _make_splicer(self, ledger: TokenLedger, prompt_tokens: int, tokens: int) -> Splicer:
-        options = self.ctx.body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        continuous = isinstance(options, dict) and options.get("continuous_usage_stats") is True
-        return Splicer(
-            endpoint=self.ctx.endpoint,
-            identity=StreamIdentity.from_event(ledger.first_event),
-            prompt_tokens=prompt_tokens,
-            tokens_before=tokens,
-            include_usage=include_usage or self._assembler is not None,
-            continuous_usage=continuous,
-            token_ids=not self._strip,
-        )
-
-    async def _synthesize_end(self) -> None:
-        """The usage event (when the client asked for it) and [DONE] that a stream broken
-        after its last token never sent."""
-        ledger = self.ledger
-        assert ledger is not None
-        options = self.ctx.body.get("stream_options")
-        wants_usage = self._assembler is not None or (
-            isinstance(options, dict) and options.get("include_usage") is True
-        )
-        out = b""
-        if wants_usage and not ledger.usage_seen and ledger.first_event:
-            ident = StreamIdentity.from_event(ledger.first_event)
-            prompt = ledger.prompt_ids() or []
-            completion = len(ledger.generated)
-            event: dict[str, Any] = {
-                "id": ident.id,
-                "object": "chat.completion.chunk"
-                if self.ctx.endpoint == "chat/completions"
-                else "text_completion",
-                "created": ident.created,
-                "model": ident.model,
-                "choices": [],
-                "usage": {
-                    "prompt_tokens": len(prompt),
-                    "total_tokens": len(prompt) + completion,
-                    "completion_tokens": completion,
-                },
-            }
-            out = b"data: " + orjson.dumps(event) + b"\n\n"
-        await self._emit(self._closing(out + _DONE_EVENT), True)
-
-    async def _give_up(self, source: Leg, detail: str) -> bool:
-        self._resolve(MoveResult("failed", source.backend.id, detail=detail))
-        log.warning("request %s: %s", self.ctx.request_id, detail)
-        if self._assembler is None:
-            message = f"backend {source.backend.id} failed mid-stream; the response is incomplete"
-            await self._send(
-                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
-            )
-            await self._send({"type": "http.response.body", "body": b""})
-        source.backend.last_error = detail
-        return False
-
-    def _resolve(self, result: MoveResult) -> None:
-        order = self._order
-        if order is None:
-            return
-        self._order = None
-        if not order.done.done():
-            order.done.set_result(result)
-
-    def _eject(self, backend: Backend, brk: _Break) -> None:
-        """Passive ejection: a backend that broke or stalled under a request gets no new ones
-        until its next passing health check."""
-        kind = "stalled" if brk.kind == "stalled" else "mid_stream"
-        self._metrics.upstream_errors.labels(backend.id, kind).inc()
-        backend.last_error = f"{kind}: {brk.detail}"
-        log.warning("request %s: %s %s: %s", self.ctx.request_id, backend.id, kind, brk.detail)
-        if backend.healthy:
-            backend.healthy = False
-            self._metrics.passive_ejections.labels(backend.id, kind).inc()
 
     # --- bookkeeping
 
