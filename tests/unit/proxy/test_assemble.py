@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,28 +10,16 @@ import orjson
 import pytest
 
 from proxy.assemble import Assembler
-from proxy.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity, event_data
+from proxy.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
 from simulator.openai_api import CHAT as SIM_CHAT
 from simulator.openai_api import ChunkWriter, ParsedRequest, full_response, sse
 from simulator.request import GenerationParams
+from tests.support.captures import GOLDEN, golden_events, parsed
 
-GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "vllm-0.32"
 CAPTURES = {
     COMPLETIONS: ("completion_stream.txt", "completion.json"),
     CHAT: ("chat_stream.txt", "chat.json"),
 }
-
-
-def golden_events(name: str) -> list[bytes]:
-    raw = (GOLDEN / name).read_bytes()
-    return [e + b"\n\n" for e in raw.split(b"\n\n") if e.strip()]
-
-
-def parsed(event: bytes) -> dict[str, Any]:
-    data = event_data(event)
-    assert data is not None
-    out: dict[str, Any] = orjson.loads(data)
-    return out
 
 
 def expected_body(endpoint: str, *, token_ids: bool = True) -> dict[str, Any]:

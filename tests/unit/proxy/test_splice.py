@@ -3,32 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
-from proxy.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity, event_data
+from proxy.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
 from simulator.openai_api import CHAT as SIM_CHAT
 from simulator.openai_api import COMPLETIONS as SIM_COMPLETIONS
 from simulator.openai_api import ChunkWriter, ParsedRequest, sse
 from simulator.request import GenerationParams
-
-GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "vllm-0.32"
-
-
-def golden_events(name: str) -> list[bytes]:
-    """The capture's events, each with its closing blank line."""
-    raw = (GOLDEN / name).read_bytes()
-    return [e + b"\n\n" for e in raw.split(b"\n\n") if e.strip()]
-
-
-def parsed(event: bytes) -> dict[str, Any]:
-    data = event_data(event)
-    assert data is not None
-    out: dict[str, Any] = orjson.loads(data)
-    return out
+from tests.support.captures import GOLDEN, golden_events, parsed
 
 
 def continuation_from(
