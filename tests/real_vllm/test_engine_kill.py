@@ -19,7 +19,7 @@ from tests.real_vllm.tier import Tier, start_proxy
 pytestmark = pytest.mark.real_vllm
 
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
-TOKENS = 1000  # long enough that the killed engine is surely mid-stream (the model is tiny)
+TOKENS = 2000  # long enough that the killed engine is surely mid-stream (the model is tiny)
 
 
 async def busy_backend(client: httpx.AsyncClient, url: str) -> str:

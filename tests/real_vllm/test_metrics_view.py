@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.real_vllm.tier import Proxy, Tier, cache_config, engine_metric, wait_until
+from tests.real_vllm.tier import Engine, Proxy, Tier, cache_config, engine_metric, wait_until
 
 pytestmark = pytest.mark.real_vllm
 
@@ -60,7 +60,24 @@ def test_idle_view_matches_each_engine(proxy: Proxy, tier: Tier) -> None:
         assert seen["models"] == [tier.model]
 
 
+# The 2-core machine's engines sometimes hold their output back for seconds and then send it
+# in one burst; a request already complete when its first line arrives is tried again.
+TRIES = 3
+
+
 def test_busy_view_shows_the_running_request_and_its_kv(proxy: Proxy, tier: Tier) -> None:
+    for _ in range(TRIES):
+        engine = busy_view(proxy, tier)
+        if engine is not None:
+            break
+    else:
+        pytest.fail(f"in {TRIES} tries every request was complete before it could be seen")
+    # Closing the stream ends the request on the engine; the proxy's view follows.
+    assert wait_until(lambda: proxy_view(proxy, engine.backend_id)["running"] == 0, SCRAPE_WAIT)
+
+
+def busy_view(proxy: Proxy, tier: Tier) -> Engine | None:
+    """One try: the engine that ran the request, or None when it ended before it was seen."""
     body = {
         "model": tier.model,
         "prompt": [200 + i % 40 for i in range(600)],
@@ -76,9 +93,10 @@ def test_busy_view_shows_the_running_request_and_its_kv(proxy: Proxy, tier: Tier
         engine = tier.by_backend_id(resp.headers["x-fleet-backend"])
         lines = resp.iter_lines()
         next(line for line in lines if line.startswith("data: "))  # the engine has started
-        # Asked now, while it certainly runs: the tiny model finishes 3,000 tokens in seconds
+        # Asked now, while it should run: the tiny model finishes 3,000 tokens in seconds
         # and this client reads no further, so the relay may end while the views are checked.
-        assert proxy.backend(engine.backend_id)["load"]["in_flight"] == 1
+        if proxy.backend(engine.backend_id)["load"]["in_flight"] != 1:
+            return None  # the whole stream came in one burst: nothing to see running
 
         # Both views must show one running request and some KV in use while it decodes.
         def engine_busy() -> bool:
@@ -97,5 +115,4 @@ def test_busy_view_shows_the_running_request_and_its_kv(proxy: Proxy, tier: Tier
         assert (
             proxy_view(proxy, other.backend_id)["running"] == engine_view(other.url)["running"] == 0
         )
-    # Closing the stream ends the request on the engine; the proxy's view follows.
-    assert wait_until(lambda: proxy_view(proxy, engine.backend_id)["running"] == 0, SCRAPE_WAIT)
+    return engine

@@ -3,40 +3,56 @@ uninterrupted run, token for token and character for character."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
-from tests.real_vllm.moves import TOTAL, Read, body, read_stream
+from tests.real_vllm.moves import Read, body, read_stream
 from tests.real_vllm.tier import Proxy, Tier, engine_metric, wait_until
 
 pytestmark = pytest.mark.real_vllm
+
+TOKENS = 600  # long enough to be moved mid-stream (the model is tiny and fast)
+# The 2-core machine's engines sometimes hold their output back for seconds and then send it
+# in one burst: a request can end before the move reaches it. Such a try is made again.
+TRIES = 3
+
+
+async def move_when_running(client: httpx.AsyncClient, proxy: Proxy) -> dict[str, object]:
+    """Move the live request as soon as the proxy has relayed a few of its tokens."""
+    while True:
+        rows = (await client.get(proxy.url + "/admin/requests")).json()
+        if rows and (rows[0]["tokens_generated"] or 0) >= 8:
+            rid = rows[0]["request_id"]
+            resp = await client.post(f"{proxy.url}/admin/requests/{rid}/migrate", json={})
+            result: dict[str, object] = resp.json()
+            return result
+        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 async def test_a_planned_move_continues_token_exactly(
     proxy: Proxy, tier: Tier, endpoint: str
 ) -> None:
-    request = body(tier.model, endpoint)
+    request = body(tier.model, endpoint, TOKENS)
     async with httpx.AsyncClient(timeout=180) as client:
         reference = await read_stream(client, tier.engines[0].url + endpoint, request)
-        assert len(reference.token_ids) == TOTAL and reference.done == 1
+        assert len(reference.token_ids) == TOKENS and reference.done == 1
         # A model that repeats one token would make the comparison trivially true.
-        assert len(set(reference.token_ids)) > TOTAL // 2, reference.token_ids
-        moved: list[dict[str, object]] = []
-
-        async def move(r: Read) -> None:
-            resp = await client.post(f"{proxy.url}/admin/requests/{r.request_id}/migrate", json={})
-            assert resp.status_code == 200, resp.text
-            moved.append(resp.json())
-            source = tier.by_backend_id(r.backend)
-            assert wait_until(
-                lambda: engine_metric(source.url, "vllm:num_requests_running") == 0, 10.0
-            ), "the source engine still runs the moved request"
-
-        got = await read_stream(client, proxy.url + endpoint, request, after=8, action=move)
+        assert len(set(reference.token_ids)) > 20, reference.token_ids
+        for _ in range(TRIES):
+            stream = asyncio.create_task(read_stream(client, proxy.url + endpoint, request))
+            moved = await asyncio.wait_for(move_when_running(client, proxy), timeout=120)
+            got: Read = await stream
+            if moved.get("outcome") == "ok":
+                break
+            assert moved.get("outcome") in ("finished", "not_movable", None), moved
+        else:
+            pytest.fail(f"in {TRIES} tries every request ended before it could be moved")
     assert got.errors == [] and got.done == 1
     assert got.token_ids == reference.token_ids
     assert got.text == reference.text
-    [result] = moved
-    assert result["outcome"] == "ok", result
-    assert result["source"] == got.backend and result["target"] != got.backend
+    assert moved["source"] == got.backend and moved["target"] != got.backend
+    source = tier.by_backend_id(got.backend)
+    assert wait_until(lambda: engine_metric(source.url, "vllm:num_requests_running") == 0, 10.0)

@@ -216,8 +216,11 @@ def start_proxy(
         for e in tier.engines:
             cmd += ["--backend", e.url]
     log = log_dir / f"proxy-{policy}-{port}.log"
+    # These CPU engines sometimes hold their output for seconds: a stall here is not a
+    # dead engine, and a move the test did not ask for would change what it observes.
+    env = {**os.environ, "FLEET_PROXY_STALL_TIMEOUT": "60"}
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
     proxy = Proxy(f"http://127.0.0.1:{port}", policy, process, log)
 
     def all_routable() -> bool:
