@@ -28,6 +28,9 @@ RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 
 GENERATION = frozenset({"completions", "chat/completions"})
 
+# The reason of a decision the policy did not make (a planned move to a named backend).
+CALLER_CHOSEN = "chosen by the caller"
+
 
 class RetryableUpstream(Exception):
     """A backend failed before anything of its answer reached the client."""
@@ -105,7 +108,7 @@ class LegOpener:
         if required is not None:
             if not any(b is required for b in candidates):
                 raise _unavailable(f"backend {required.id} cannot take requests for this model now")
-            return Decision(target=required, reason="chosen by the caller")
+            return Decision(target=required, reason=CALLER_CHOSEN)
         if exclude:
             others = [b for b in candidates if b.id not in exclude]
             candidates = others or (candidates if first else others)

@@ -42,7 +42,7 @@ from proxy.assemble import Assembler
 from proxy.continuation import Movability
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError
-from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
+from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream, receipt_header
 from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
 from proxy.splice import Splicer
@@ -463,7 +463,7 @@ class RequestSession(SessionMoves):
 
     def _policy_done(self, decision: Decision) -> None:
         on_finish = self._core.policy_on_finish
-        if on_finish is not None:
+        if on_finish is not None and decision.reason != CALLER_CHOSEN:
             on_finish(self.ctx, decision)
 
     def _note_failure(self, e: RetryableUpstream) -> None:
