@@ -19,15 +19,16 @@ from tests.real_vllm.tier import Tier, start_proxy
 pytestmark = pytest.mark.real_vllm
 
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
-TOKENS = 2000  # long enough that the killed engine is surely mid-stream (the model is tiny)
+TOKENS = 3000  # long enough that the killed engine is surely mid-stream (the model is tiny)
 
 
 async def busy_backend(client: httpx.AsyncClient, url: str) -> str:
-    """The backend of the first live request with a few tokens relayed (the proxy's view)."""
+    """The backend of a live request with a few tokens relayed and most still to come (the
+    proxy's view): these engines sometimes send a whole stream in one burst at its end."""
     while True:
         rows = (await client.get(url + "/admin/requests")).json()
         for row in rows:
-            if (row["tokens_generated"] or 0) >= 8:
+            if 8 <= (row["tokens_generated"] or 0) <= TOKENS // 2:
                 return str(row["backend"])
         await asyncio.sleep(0.02)
 
