@@ -132,6 +132,16 @@ class LegOpener:
         except NoCandidate as e:
             raise _unavailable(str(e)) from None
 
+    def can_take(self, backend: Backend, model: str) -> bool:
+        """Whether `backend` may take a new request for `model` now."""
+        core = self.core
+        return any(b is backend for b in core.fleet.candidates(model, core.clock.now()))
+
+    def has_other(self, backend: Backend, model: str) -> bool:
+        """Whether a backend other than `backend` may take a new request for `model` now."""
+        core = self.core
+        return any(b is not backend for b in core.fleet.candidates(model, core.clock.now()))
+
     def target(self, backend: Backend, path: str) -> tuple[str, str]:
         """The origin and full path of `path` on `backend` (its URL may carry a prefix)."""
         split = self._splits.get(backend.url)

@@ -22,7 +22,7 @@ from proxy.asgi import Send
 from proxy.assemble import Assembler
 from proxy.continuation import continuation_body
 from proxy.errors import ProxyError, sse_error_event
-from proxy.legs import Leg, LegOpener, RetryableUpstream
+from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream
 from proxy.live import MoveResult, NotMovable
 from proxy.metrics import RouterMetrics
 from proxy.settings import Settings
@@ -121,6 +121,10 @@ class SessionMoves:
             raise NotMovable("not_streaming")  # an error answer is being relayed whole
         if to is not None and to is leg.backend:
             raise NotMovable("already_there")
+        if to is not None and not self._opener.can_take(to, self.ctx.model):
+            raise NotMovable("target_unavailable")
+        if to is None and not self._opener.has_other(leg.backend, self.ctx.model):
+            raise NotMovable("no_other_backend")
         order = MoveOrder(to, reason)
         self._order = order
         leg.resp.interrupt(f"moved by the proxy ({reason})")
@@ -184,14 +188,60 @@ class SessionMoves:
             path, body = _CONTINUE_PATH, orjson.dumps(continued)
             prompt_len, tokens = len(prompt_ids) + len(generated), len(generated)
         # Backends that broke are out of the candidates until their health check passes.
-        exclude = {source.backend.id}
         required = order.to if order is not None else None
+        leg, detail = await self._open_continuation(
+            path, body, prompt_len, {source.backend.id}, required, reason, tokens
+        )
+        if leg is None and order is not None:
+            # A planned move must not cost the client its answer: back on the source, which
+            # was healthy (a drain only stops new requests).
+            leg, detail = await self._open_continuation(
+                path, body, prompt_len, set(), source.backend, reason, tokens, force=True
+            )
+        if leg is None:
+            self._metrics.count_migration(reason, "failed")
+            return await self._give_up(source, f"the request could not continue: {detail}")
+        if restart:
+            ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
+            self._splicer = None
+        else:
+            ledger.start_leg(strip=False, chat=False)
+            self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens)
+        self.moves += 1
+        self._cut_at = cut_at
+        self._metrics.migration_recomputed_tokens.inc(prompt_len)
+        log.info(
+            "request %s: moved %s -> %s after %d tokens (%s)",
+            ctx.request_id, source.backend.id, leg.backend.id, tokens, reason,
+        )  # fmt: skip
+        return True
+
+    async def _open_continuation(
+        self,
+        path: str,
+        body: bytes,
+        prompt_len: int,
+        exclude: set[str],
+        required: Backend | None,
+        reason: str,
+        tokens: int,
+        *,
+        force: bool = False,
+    ) -> tuple[Leg | None, str]:
+        """The next leg, on the policy's choice (or `required`, even one not routable now
+        with `force`) outside `exclude`, trying another backend after a failed connection;
+        None and why when none answered."""
+        detail = "no backend could continue it"
         for _ in range(self._settings.max_attempts):
             try:
-                decision = self._opener.choose(ctx, exclude, first=False, required=required)
+                if force and required is not None:
+                    decision = Decision(target=required, reason=CALLER_CHOSEN)
+                else:
+                    decision = self._opener.choose(
+                        self.ctx, exclude, first=False, required=required
+                    )
             except ProxyError as e:
-                break_detail = e.message
-                break
+                return None, e.message
             target = decision.target
             self.dispatch.move(target.load, prompt_len)
             try:
@@ -201,37 +251,20 @@ class SessionMoves:
                 self.dispatch.release()
                 self._policy_done(decision)
                 exclude.add(target.id)
-                break_detail = str(e)
+                detail = str(e)
                 if required is not None:
-                    break
+                    return None, detail
                 continue
             if resp.status != 200:
-                detail = (await resp.read())[:300].decode("utf-8", "replace")
+                text = (await resp.read())[:300].decode("utf-8", "replace")
                 resp.release()
                 self.dispatch.release()
                 self._policy_done(decision)
-                break_detail = f"{target.id} answered HTTP {resp.status}: {detail}"
-                break
+                return None, f"{target.id} answered HTTP {resp.status}: {text}"
             leg = Leg(decision, None, resp, reason, tokens)
             self._begin_leg(leg)
-            if restart:
-                ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
-                self._splicer = None
-            else:
-                ledger.start_leg(strip=False, chat=False)
-                self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens)
-            self.moves += 1
-            self._cut_at = cut_at
-            self._metrics.migration_recomputed_tokens.inc(prompt_len)
-            log.info(
-                "request %s: moved %s -> %s after %d tokens (%s)",
-                ctx.request_id, source.backend.id, target.id, tokens, reason,
-            )  # fmt: skip
-            return True
-        else:
-            break_detail = "no backend could continue it"
-        self._metrics.count_migration(reason, "failed")
-        return await self._give_up(source, f"the request could not continue: {break_detail}")
+            return leg, ""
+        return None, detail
 
     def _make_splicer(self, ledger: TokenLedger, prompt_tokens: int, tokens: int) -> Splicer:
         options = self.ctx.body.get("stream_options")

@@ -443,3 +443,33 @@ async def test_migrate_to_a_named_backend_and_its_errors(fleet: SimFleet) -> Non
         assert not got.errors and got.done == 1 and got.text == ref.text
         moved = await client.get(url + "/metrics")
         assert 'fleet_proxy_migrations_total{outcome="ok",reason="rebalance"} 1.0' in moved.text
+
+
+async def test_a_planned_move_with_nowhere_to_go_leaves_the_request_running(
+    fleet: SimFleet,
+) -> None:
+    """Evacuating the only backend, or moving to a draining one, is refused up front: the
+    request keeps streaming where it is, nothing lost."""
+    settings = fast_settings(backends(fleet)[:2], policy="round_robin")
+    path = "/v1/completions"
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
+        body = body_for(path)
+        ref = await reference(client, fleet, path, body)
+        answers: dict[str, httpx.Response] = {}
+
+        async def try_moves(s: Streamed) -> None:
+            rid, source = s.headers["x-request-id"], s.headers["x-fleet-backend"]
+            other = "e1" if source == "e0" else "e0"
+            await client.post(url + f"/admin/backends/{other}/drain")
+            migrate = url + f"/admin/requests/{rid}/migrate"
+            answers["to draining"] = await client.post(migrate, json={"to": other})
+            answers["evacuate"] = await client.post(url + f"/admin/backends/{source}/evacuate")
+
+        got = await stream(client, url, path, body, after=4, action=try_moves)
+        assert answers["to draining"].status_code == 409
+        assert answers["to draining"].json()["detail"] == "target_unavailable"
+        report = answers["evacuate"].json()
+        assert report["outcomes"] == {"not_movable": 1}
+        assert report["results"][0]["detail"] == "no_other_backend"
+        assert not got.errors and got.done == 1 and got.text == ref.text
+        assert (await migrations(client, url)) == {}
