@@ -19,9 +19,12 @@ TOKENS = 600  # long enough to be moved mid-stream (the model is tiny and fast)
 TRIES = 3
 
 
-async def move_when_running(client: httpx.AsyncClient, proxy: Proxy) -> dict[str, object]:
-    """Move the live request as soon as the proxy has relayed a few of its tokens."""
-    while True:
+async def move_when_running(
+    client: httpx.AsyncClient, proxy: Proxy, stream: asyncio.Task[Read]
+) -> dict[str, object]:
+    """Move the live request as soon as the proxy has relayed a few of its tokens; {} when
+    the stream ended first."""
+    while not stream.done():
         rows = (await client.get(proxy.url + "/admin/requests")).json()
         if rows and (rows[0]["tokens_generated"] or 0) >= 8:
             rid = rows[0]["request_id"]
@@ -29,6 +32,7 @@ async def move_when_running(client: httpx.AsyncClient, proxy: Proxy) -> dict[str
             result: dict[str, object] = resp.json()
             return result
         await asyncio.sleep(0.01)
+    return {}
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
@@ -43,7 +47,7 @@ async def test_a_planned_move_continues_token_exactly(
         assert len(set(reference.token_ids)) > 20, reference.token_ids
         for _ in range(TRIES):
             stream = asyncio.create_task(read_stream(client, proxy.url + endpoint, request))
-            moved = await asyncio.wait_for(move_when_running(client, proxy), timeout=120)
+            moved = await asyncio.wait_for(move_when_running(client, proxy, stream), timeout=120)
             got: Read = await stream
             if moved.get("outcome") == "ok":
                 break
