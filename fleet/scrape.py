@@ -47,7 +47,7 @@ class Scraper:
         # the request path takes a backend out at once; see proxy/forward.py.)
         self.unhealthy_after = unhealthy_after
         self._failures: dict[str, int] = {}
-        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._loops: dict[str, tuple[Backend, asyncio.Task[None]]] = {}  # by backend id
 
     async def run(self) -> None:
         """Keep one polling loop per registered backend until cancelled."""
@@ -56,22 +56,25 @@ class Scraper:
                 self.sync_loops()
                 await asyncio.sleep(self.interval)
         finally:
-            for task in self._loops.values():
+            for _, task in self._loops.values():
                 task.cancel()
-            for task in self._loops.values():
+            for _, task in self._loops.values():
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
     def sync_loops(self) -> None:
         current = {b.id: b for b in self.registry}
         for backend_id in list(self._loops):
-            if backend_id not in current or self._loops[backend_id].done():
-                self._loops.pop(backend_id).cancel()
+            polled, task = self._loops[backend_id]
+            # A backend removed and added again under the same id is a new object: its old
+            # loop would poll the object nobody routes to any more.
+            if current.get(backend_id) is not polled or task.done():
+                self._loops.pop(backend_id)[1].cancel()
+                self._failures.pop(backend_id, None)
         for backend_id, backend in current.items():
             if backend_id not in self._loops:
-                self._loops[backend_id] = asyncio.create_task(
-                    self._poll(backend), name=f"scrape:{backend_id}"
-                )
+                task = asyncio.create_task(self._poll(backend), name=f"scrape:{backend_id}")
+                self._loops[backend_id] = (backend, task)
 
     async def _poll(self, backend: Backend) -> None:
         next_health = 0.0
