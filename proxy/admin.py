@@ -76,7 +76,11 @@ def admin_router(
         given = x_admin_token
         if given is None and authorization and authorization.lower().startswith("bearer "):
             given = authorization[7:]
-        if given is None or not secrets.compare_digest(given, token.get_secret_value()):
+        # As bytes: a header's value may hold any byte (the server decodes it as latin-1),
+        # and compare_digest refuses non-ASCII str.
+        if given is None or not secrets.compare_digest(
+            given.encode("latin-1"), token.get_secret_value().encode("utf-8")
+        ):
             raise HTTPException(status_code=401, detail="admin token missing or wrong")
 
     router = APIRouter(prefix="/admin", dependencies=[Depends(check_token)])

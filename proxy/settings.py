@@ -5,6 +5,7 @@ An invalid value stops start-up with a message naming the field (see `format_err
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ from pydantic_settings import (
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
 
+_BACKEND_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
 
 class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -40,10 +43,22 @@ class BackendConfig(BaseModel):
     # Normally learned from the backend's /v1/models; set to pin them.
     models: list[str] = Field(default_factory=list)
 
+    @field_validator("id")
+    @classmethod
+    def _printable_id(cls, v: str | None) -> str | None:
+        # The id goes out in response headers (x-fleet-backend) and metric labels.
+        if v is not None and not _BACKEND_ID.fullmatch(v):
+            raise ValueError(
+                f"backend id must be 1-128 printable ASCII characters without spaces, got {v!r}"
+            )
+        return v
+
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str) -> str:
         v = v.strip().rstrip("/")
+        if not v.isascii():
+            raise ValueError(f"backend url must be ASCII (a host in its IDNA form), got {v!r}")
         if not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
         if v.endswith("/v1"):

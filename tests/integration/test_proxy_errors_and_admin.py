@@ -272,3 +272,49 @@ async def test_reused_request_ids_do_not_collide_in_the_live_table(backend):
         assert len(app.core.live.find("same")) == 1
         await second
         assert len(app.core.live) == 0
+
+
+async def test_a_non_ascii_admin_token_is_refused_not_a_crash(backend):
+    settings = fast_settings([backend.url], admin_token="s3cret")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.get("/admin/backends", headers={"x-admin-token": "é".encode()})
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+        r = await c.get("/admin/backends", headers={"x-admin-token": b"s3cret"})
+        assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [
+        ({"url": "http://127.0.0.1:9", "id": "é"}, "printable ASCII"),
+        ({"url": "http://127.0.0.1:9", "id": "two words"}, "printable ASCII"),
+        ({"url": "http://bücher.example:8000"}, "IDNA"),
+    ],
+)
+async def test_a_backend_id_or_url_that_cannot_go_in_a_header_is_refused(backend, config, fragment):
+    async with running_proxy(fast_settings([backend.url])) as (url, app):
+        async with httpx.AsyncClient(base_url=url) as c:
+            r = await c.post("/admin/backends", json=config)
+        assert r.status_code == 400 and fragment in r.json()["error"]["message"]
+        assert len(list(app.core.fleet)) == 1
+
+
+async def test_a_backend_removed_and_added_again_at_once_is_scraped(backend):
+    """The scraper keys its loops by the backend object: the re-added backend gets one."""
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        [view] = (await c.get("/admin/backends")).json()
+        assert (await c.delete(f"/admin/backends/{view['id']}")).status_code == 200
+        r = await c.post("/admin/backends", json={"url": backend.url, "id": view["id"]})
+        assert r.status_code == 201
+        for _ in range(200):
+            [view] = (await c.get("/admin/backends")).json()
+            if view["routable"] and view["snapshot_age_seconds"] is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert view["routable"], view
+        r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert r.status_code == 200
