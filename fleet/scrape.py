@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import httpx
 import orjson
@@ -34,6 +35,7 @@ class Scraper:
         models_interval: float = 10.0,
         timeout: float = 1.0,
         unhealthy_after: int = 2,
+        on_down: Callable[[Backend], None] | None = None,
     ) -> None:
         self.registry = registry
         self.client = client
@@ -47,6 +49,8 @@ class Scraper:
         # the request path takes a backend out at once; see proxy/forward.py.)
         self.unhealthy_after = unhealthy_after
         self._failures: dict[str, int] = {}
+        # Told when a health check takes a backend out, so requests on it need not wait.
+        self._on_down = on_down
         self._loops: dict[str, tuple[Backend, asyncio.Task[None]]] = {}  # by backend id
 
     async def run(self) -> None:
@@ -108,7 +112,10 @@ class Scraper:
         healthy = ok or (backend.healthy and failures < self.unhealthy_after)
         if healthy != backend.healthy:
             log.warning("backend %s is now %s", backend.id, "healthy" if healthy else "unhealthy")
+        went_down = backend.healthy and not healthy
         backend.healthy = healthy
+        if went_down and self._on_down is not None:
+            self._on_down(backend)
 
     async def learn_models(self, backend: Backend) -> None:
         try:

@@ -14,6 +14,7 @@ from fleet.clock import Clock, SystemClock
 from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
 from fleet.tokens import TokenCounter
+from fleet.types import Backend
 from policies.base import Policy
 from policies.registry import build_policy, build_routing
 from proxy.live import LiveTable
@@ -82,8 +83,15 @@ class ProxyCore:
             models_interval=s.models_interval,
             timeout=s.scrape_timeout,
             unhealthy_after=s.unhealthy_after,
+            on_down=self._backend_down,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
+
+    def _backend_down(self, backend: Backend) -> None:
+        """A health check took `backend` out: its live requests leave it now rather than wait
+        out `read_timeout` (moved, or sent again where nothing reached the client yet)."""
+        for entry in self.live.on_backend(backend.id):
+            entry.backend_down()
 
     def upstream_pool(self) -> UpstreamPool:
         """The forwarding client; exists from start() on."""

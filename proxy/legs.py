@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import orjson
@@ -189,13 +189,20 @@ class LegOpener:
         return prefill, decode_body(target_body, kv), headers, 0
 
     async def request(
-        self, backend: Backend, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        backend: Backend,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        on_sent: Callable[[UpstreamResponse], None] | None = None,
     ) -> UpstreamResponse:
         """Open `path` on `backend`; a failure before the status line, or a 5xx answer, is a
-        `RetryableUpstream`."""
+        `RetryableUpstream`. `on_sent`: see UpstreamPool.request."""
         origin, full_path = self.target(backend, path)
         try:
-            resp = await self.core.upstream_pool().request(origin, full_path, headers, body)
+            resp = await self.core.upstream_pool().request(
+                origin, full_path, headers, body, on_sent=on_sent
+            )
         except UpstreamError as e:
             raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
         status = resp.status

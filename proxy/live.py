@@ -53,6 +53,10 @@ class LiveEntry(Protocol):
 
     def view(self) -> dict[str, Any]: ...
 
+    def backend_down(self) -> None:
+        """The backend serving the request was found down: leave it now."""
+        ...
+
     async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
         """Cut the stream after the last token its client received and continue it on `to`
         (None: where the policy chooses). Raises NotMovable."""

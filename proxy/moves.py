@@ -28,6 +28,7 @@ from proxy.metrics import RouterMetrics
 from proxy.settings import Settings
 from proxy.splice import Splicer, StreamIdentity
 from proxy.stream_tokens import TokenLedger
+from proxy.upstream import UpstreamResponse
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -58,7 +59,7 @@ class SessionMoves:
     """Mixed into RequestSession (proxy/session.py), whose state it works on."""
 
     # What a move changes; the rest of the session's state is RequestSession's.
-    __slots__ = ("_cut_at", "_order", "_splicer", "moves")
+    __slots__ = ("_cut_at", "_opening", "_opening_resp", "_order", "_splicer", "moves")
 
     # The session's state this half reads (set by RequestSession).
     ctx: RequestContext
@@ -70,11 +71,14 @@ class SessionMoves:
     ledger: TokenLedger | None
     moves: int
     last_sent: float
+    first_token_at: float | None
     _settings: Settings
     _metrics: RouterMetrics
     _opener: LegOpener
     _send: Send
     _order: MoveOrder | None
+    _opening: Backend | None  # the backend a leg is being opened on, before its head came
+    _opening_resp: UpstreamResponse | None
     _cut_at: float | None
     _splicer: Splicer | None
     _assembler: Assembler | None
@@ -101,6 +105,9 @@ class SessionMoves:
         raise NotImplementedError
 
     def _closing(self, out: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _sent(self, resp: UpstreamResponse) -> None:
         raise NotImplementedError
 
     async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
@@ -153,19 +160,26 @@ class SessionMoves:
             await self._synthesize_end()
             self._resolve(MoveResult("finished", source.backend.id))
             return True
+        # Nothing reached the client yet: any request can simply be sent again elsewhere.
+        restart = not ledger.sent if ledger is not None else self.first_token_at is None
+        restart = restart and self.moves < max(1, self._settings.max_moves)
         why = self.movable_reason(planned=order is not None)
-        if ledger is None or why:
+        if not restart and (ledger is None or why):
             self._metrics.count_migration(reason, "not_movable")
             return await self._give_up(source, f"{brk.detail}; the request cannot move ({why})")
-        return await self._continue(source, ledger, reason, order)
+        return await self._continue(source, ledger, reason, order, restart)
 
     async def _continue(
-        self, source: Leg, ledger: TokenLedger, reason: str, order: MoveOrder | None
+        self,
+        source: Leg,
+        ledger: TokenLedger | None,
+        reason: str,
+        order: MoveOrder | None,
+        restart: bool,
     ) -> bool:
         ctx = self.ctx
         cut_at = self.last_sent or time.perf_counter()
-        restart = not ledger.sent  # nothing reached the client: send the request afresh
-        if restart:
+        if restart or ledger is None:
             path, body, prompt_len, tokens = self.path, self._first_body, ctx.prompt_tokens, 0
         else:
             ledger.rewind_to_safe()
@@ -201,7 +215,9 @@ class SessionMoves:
         if leg is None:
             self._metrics.count_migration(reason, "failed")
             return await self._give_up(source, f"the request could not continue: {detail}")
-        if restart:
+        if ledger is None:
+            pass  # an untracked stream sent again: relayed as it comes
+        elif restart:
             ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
             self._splicer = None
         else:
@@ -244,8 +260,9 @@ class SessionMoves:
                 return None, e.message
             target = decision.target
             self.dispatch.move(target.load, prompt_len)
+            self._opening = target
             try:
-                resp = await self._opener.request(target, path, self.headers, body)
+                resp = await self._opener.request(target, path, self.headers, body, self._sent)
             except RetryableUpstream as e:
                 self._note_failure(e)
                 self.dispatch.release()
@@ -255,6 +272,8 @@ class SessionMoves:
                 if required is not None:
                     return None, detail
                 continue
+            finally:
+                self._opening = self._opening_resp = None
             if resp.status != 200:
                 text = (await resp.read())[:300].decode("utf-8", "replace")
                 resp.release()

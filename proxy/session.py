@@ -35,6 +35,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from fleet.types import Backend
 from policies.base import Decision, RequestContext
 from proxy.accounting import Dispatch
 from proxy.asgi import Send, response_headers
@@ -47,7 +48,7 @@ from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
 from proxy.splice import Splicer
 from proxy.stream_tokens import EventAligner, TokenLedger
-from proxy.upstream import UpstreamError
+from proxy.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -103,6 +104,9 @@ class RequestSession(SessionMoves):
         self._send = send
         self.arrived = arrived
         self._movability = movability
+        # The backend a leg is being opened on, before its answer's head arrived.
+        self._opening: Backend | None = None
+        self._opening_resp: UpstreamResponse | None = None
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
         self.legs: list[Leg] = []  # every leg that answered, in order
@@ -146,6 +150,9 @@ class RequestSession(SessionMoves):
 
     @property
     def backend_id(self) -> str:
+        opening = self._opening
+        if opening is not None:
+            return opening.id
         leg = self.leg
         return leg.backend.id if leg is not None else ""
 
@@ -182,6 +189,19 @@ class RequestSession(SessionMoves):
             "moves": self.moves,
             "legs": [leg.receipt() for leg in self.legs],
         }
+
+    def backend_down(self) -> None:
+        why = "its backend was found down by a health check"
+        if self._opening is not None:
+            if self._opening_resp is not None:
+                self._opening_resp.interrupt(why)  # still waiting for the answer's head
+            return
+        leg = self.leg
+        if leg is not None and not leg.closed and self._order is None:
+            leg.resp.interrupt(why)
+
+    def _sent(self, resp: UpstreamResponse) -> None:
+        self._opening_resp = resp
 
     # --- the request's life
 
@@ -253,7 +273,11 @@ class RequestSession(SessionMoves):
                     charge = ctx.prompt_tokens
             self._charge = charge
             self.dispatch.move(backend.load, charge)
-            resp = await opener.request(backend, self.path, headers, body)
+            self._opening = backend
+            try:
+                resp = await opener.request(backend, self.path, headers, body, self._sent)
+            finally:
+                self._opening = self._opening_resp = None
         except BaseException:
             self.dispatch.release()
             self._policy_done(decision)

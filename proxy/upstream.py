@@ -30,7 +30,7 @@ import contextlib
 import socket
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Literal, cast
 from urllib.parse import urlsplit
@@ -523,8 +523,12 @@ class UpstreamPool:
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes,
         method: bytes = b"POST",
+        on_sent: Callable[[UpstreamResponse], None] | None = None,
     ) -> UpstreamResponse:
         """Send one request; return once the response's status line and headers are parsed.
+
+        `on_sent` gets the response as soon as the request is written, before its head has
+        arrived, so that the caller can `interrupt()` a wait for a backend found down.
 
         `headers` are end-to-end headers only: Host and Content-Length are written here, and
         hop-by-hop ones (Connection, Transfer-Encoding, Keep-Alive...) must not be passed.
@@ -540,14 +544,14 @@ class UpstreamPool:
         if idle:
             conn = idle.pop()
             try:
-                return await _exchange(conn, data, head_only)
+                return await _exchange(conn, data, head_only, on_sent)
             except UpstreamError as e:
                 # A reused connection the backend closed while idle fails before any byte of
                 # the response: the classic keep-alive race. Once more on a fresh connection.
                 if e.kind != "disconnect" or conn.received or self._closed:
                     raise
         conn = await self._connect(o)
-        return await _exchange(conn, data, head_only)
+        return await _exchange(conn, data, head_only, on_sent)
 
     async def _connect(self, o: _Origin) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -602,8 +606,15 @@ class UpstreamPool:
         await asyncio.sleep(0)  # let the transports run connection_lost
 
 
-async def _exchange(conn: _Connection, data: bytes, head_only: bool) -> UpstreamResponse:
+async def _exchange(
+    conn: _Connection,
+    data: bytes,
+    head_only: bool,
+    on_sent: Callable[[UpstreamResponse], None] | None,
+) -> UpstreamResponse:
     resp = conn.send(data, head_only)
+    if on_sent is not None:
+        on_sent(resp)
     try:
         while resp.status == 0:
             if resp._error is not None:

@@ -473,3 +473,32 @@ async def test_a_planned_move_with_nowhere_to_go_leaves_the_request_running(
         assert report["results"][0]["detail"] == "no_other_backend"
         assert not got.errors and got.done == 1 and got.text == ref.text
         assert (await migrations(client, url)) == {}
+
+
+@pytest.mark.parametrize("kind", ["non_streamed", "stream_not_movable"])
+async def test_requests_on_a_backend_found_down_leave_it_at_once(
+    fleet: SimFleet, kind: str
+) -> None:
+    """A hung engine fails its health checks; the requests it holds that sent nothing to their
+    clients are sent again elsewhere then, not after read_timeout (60 s here, longer than the
+    client waits)."""
+    settings = fast_settings(
+        backends(fleet)[:2], policy="round_robin", read_timeout=60, scrape_timeout=0.2
+    )
+    path = "/v1/completions"
+    plain = {k: v for k, v in body_for(path).items() if k != "stream"}
+    body = plain if kind == "non_streamed" else {**plain, "stream": True, "stop": ["zzz"]}
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
+        await set_fault(client, fleet, "e0", hang=True)
+        try:
+            # Round-robin: one of the two lands on the hung engine and waits there.
+            tasks = [asyncio.ensure_future(client.post(url + path, json=body)) for _ in range(2)]
+            answers = await asyncio.gather(*tasks)
+        finally:
+            await set_fault(client, fleet, "e0", hang=False)
+    for r in answers:
+        assert r.status_code == 200, r.text
+        if kind == "non_streamed":
+            assert r.json()["usage"]["completion_tokens"] == TOKENS
+        else:
+            assert r.text.count("data: [DONE]") == 1 and '"error"' not in r.text
