@@ -21,7 +21,7 @@ from tests.integration.simulator.conftest import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
-TOKENS = 48
+TOKENS = 160  # long enough that a move lands mid-stream on a loaded machine
 
 
 @dataclass
@@ -307,7 +307,7 @@ async def test_evacuate_moves_every_stream_off_a_backend(fleet: SimFleet) -> Non
     settings = fast_settings(backends(fleet)[:2], policy="round_robin")
     path = "/v1/completions"
     async with running_proxy(settings) as (url, app), httpx.AsyncClient(timeout=30) as client:
-        body = body_for(path, max_tokens=80)
+        body = body_for(path, max_tokens=400)
         ref = await reference(client, fleet, path, {**body})
         started = asyncio.Event()
         count = 6
