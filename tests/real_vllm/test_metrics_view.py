@@ -104,18 +104,15 @@ def busy_view(proxy: Proxy, tier: Tier) -> Engine | None:
             view = engine_view(engine.url)
             return bool(view["running"] == 1 and view["kv_usage"] > 0)
 
-        if not wait_until(engine_busy, SCRAPE_WAIT):
+        def proxy_busy() -> bool:
+            view = proxy_view(proxy, engine.backend_id)
+            return bool(view["running"] == 1 and view["kv_usage"] > 0)
+
+        if not wait_until(lambda: engine_busy() and proxy_busy(), SCRAPE_WAIT):
             # The engine may have generated it all in a burst while this client read nothing.
             done = engine_metric(engine.url, "vllm:request_success_total") > finished_before
-            assert done, engine_view(engine.url)
+            assert done, (engine_view(engine.url), proxy_view(proxy, engine.backend_id))
             return None
-        assert wait_until(
-            lambda: (
-                proxy_view(proxy, engine.backend_id)["running"] == 1
-                and proxy_view(proxy, engine.backend_id)["kv_usage"] > 0
-            ),
-            SCRAPE_WAIT,
-        ), proxy_view(proxy, engine.backend_id)
         other = tier.other_than(engine)
         assert (
             proxy_view(proxy, other.backend_id)["running"] == engine_view(other.url)["running"] == 0
