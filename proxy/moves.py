@@ -182,9 +182,11 @@ class SessionMoves:
         if restart or ledger is None:
             path, body, prompt_len, tokens = self.path, self._first_body, ctx.prompt_tokens, 0
         else:
+            sent = len(ledger.generated)
             ledger.rewind_to_safe()
             prompt_ids = ledger.prompt_ids()
             generated = ledger.generated
+            resent = sent - len(generated)
             if prompt_ids is None:
                 self._metrics.count_migration(reason, "not_movable")
                 return await self._give_up(source, "the backend returned no prompt token ids")
@@ -222,7 +224,7 @@ class SessionMoves:
             self._splicer = None
         else:
             ledger.start_leg(strip=False, chat=False)
-            self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens)
+            self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens, resent)
         self.moves += 1
         self._cut_at = cut_at
         self._metrics.migration_recomputed_tokens.inc(prompt_len)
@@ -285,7 +287,9 @@ class SessionMoves:
             return leg, ""
         return None, detail
 
-    def _make_splicer(self, ledger: TokenLedger, prompt_tokens: int, tokens: int) -> Splicer:
+    def _make_splicer(
+        self, ledger: TokenLedger, prompt_tokens: int, tokens: int, resent: int
+    ) -> Splicer:
         options = self.ctx.body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         continuous = isinstance(options, dict) and options.get("continuous_usage_stats") is True
@@ -297,6 +301,7 @@ class SessionMoves:
             include_usage=include_usage or self._assembler is not None,
             continuous_usage=continuous,
             token_ids=not self._strip,
+            resent_ids=resent,
         )
 
     async def _synthesize_end(self) -> None:

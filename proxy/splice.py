@@ -145,6 +145,7 @@ class Splicer:
         "_include_usage",
         "_object",
         "_prompt_tokens",
+        "_resent",
         "_seen",
         "_token_ids",
         "_tokens_before",
@@ -160,12 +161,15 @@ class Splicer:
         include_usage: bool,
         continuous_usage: bool,
         token_ids: bool,
+        resent_ids: int = 0,
     ) -> None:
         """`endpoint`: what the client asked, "completions" or "chat/completions";
         `prompt_tokens`: the client's original prompt length; `tokens_before`: the generated
         tokens the client already has; `include_usage` / `continuous_usage`: the client's
         `stream_options` (continuous usage only counts with include_usage, as in vLLM);
-        `token_ids`: the client itself asked `return_token_ids`."""
+        `token_ids`: the client itself asked `return_token_ids`; `resent_ids`: token ids the
+        client already received whose tokens the continuation generates again (their text
+        was still incomplete at the cut): left out of the client's token_ids once."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {ENDPOINTS}, not {endpoint!r}")
         self._chat = endpoint == CHAT
@@ -176,6 +180,7 @@ class Splicer:
         self._include_usage = include_usage
         self._continuous = include_usage and continuous_usage
         self._token_ids = token_ids
+        self._resent = resent_ids
         self._seen = 0
         self._done = False
         self._buffer = EventBuffer()
@@ -255,7 +260,12 @@ class Splicer:
             if self._token_ids:
                 out["prompt_token_ids"] = None
         if self._token_ids:
-            out["token_ids"] = ids if isinstance(ids, list) else []
+            ids_out = ids if isinstance(ids, list) else []
+            if self._resent and ids_out:
+                skip = min(self._resent, len(ids_out))
+                ids_out = ids_out[skip:]
+                self._resent -= skip
+            out["token_ids"] = ids_out
         return out
 
     def _usage_event(self, obj: dict[str, Any]) -> bytes:

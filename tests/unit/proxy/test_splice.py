@@ -357,3 +357,34 @@ def test_the_final_usage_takes_the_continuations_own_count() -> None:
         b'"system_fingerprint":"fp"}\n\n'
     )
     assert s.completion_tokens == 7 and not s.done
+
+
+def test_ids_the_client_already_has_are_not_sent_twice() -> None:
+    """Cut after 5 tokens, the last 2 of which had no text yet: the continuation starts after
+    token 3 and generates tokens 4-5 again; their ids reach the client once, their text once."""
+    events = golden_events("completion_stream.txt")
+    tokens = [parsed(e) for e in events[:12]]
+    ids = [i for ev in tokens for i in ev["choices"][0]["token_ids"]]
+    before = ids[:3]
+    cont = continuation_from(tokens[3:], parsed(events[12]), COMPLETION_PROMPT, before)
+    splicer = Splicer(
+        endpoint=COMPLETIONS,
+        identity=StreamIdentity.from_event(events[0]),
+        prompt_tokens=len(COMPLETION_PROMPT),
+        tokens_before=3,
+        include_usage=True,
+        continuous_usage=False,
+        token_ids=True,
+        resent_ids=2,
+    )
+    out = [parsed(e) for e in golden_events_of(splicer.rewrite(cont))]
+    sent_after = [i for ev in out for c in ev["choices"] for i in c["token_ids"]]
+    assert ids[:5] + sent_after == ids
+    assert "".join(c["text"] for ev in out for c in ev["choices"]) == "".join(
+        ev["choices"][0]["text"] for ev in tokens[3:]
+    )
+    assert out[-1]["usage"]["completion_tokens"] == 12
+
+
+def golden_events_of(raw: bytes) -> list[bytes]:
+    return [e + b"\n\n" for e in raw.split(b"\n\n") if e.strip() and e != b"data: [DONE]"]
