@@ -39,6 +39,8 @@ from typing import Any
 
 import orjson
 
+from proxy.stream_tokens import EventAligner
+
 COMPLETIONS = "completions"
 CHAT = "chat/completions"
 ENDPOINTS = (COMPLETIONS, CHAT)
@@ -72,23 +74,21 @@ def event_json(event: bytes) -> Any:
 
 class EventBuffer:
     """Cuts a byte stream into whole SSE events (each without its closing blank line); an
-    unfinished event is kept for the next `feed`."""
+    unfinished event is kept for the next `feed` (by the relay's own EventAligner)."""
 
-    __slots__ = ("_tail",)
+    __slots__ = ("_aligner",)
 
     def __init__(self) -> None:
-        self._tail = b""
+        self._aligner = EventAligner()
 
     def feed(self, data: bytes) -> list[bytes]:
-        data = self._tail + data if self._tail else data
-        events = data.split(_EVENT_END)
-        self._tail = events.pop()
-        return [e for e in events if e.strip(b"\r\n")]
+        whole = self._aligner.feed(data)
+        return [e for e in whole.split(_EVENT_END) if e.strip(b"\r\n")]
 
     @property
     def pending(self) -> bytes:
         """Bytes of an event not finished yet."""
-        return self._tail
+        return self._aligner.tail
 
 
 def sse(obj: dict[str, Any]) -> bytes:
