@@ -3,5 +3,5 @@
 Layout: workloads (mooncake, sharegpt, synthetic) build `Session`s; `runner` replays them
 through `client` (aiohttp, streaming); `metrics` and `summary` are pure arithmetic over
 `RequestRecord`s; `paired` holds the confidence-interval code; `artifacts` and `plots` write
-the bundle. Definitions follow `vllm bench serve` (REFERENCE.md section 6).
+the bundle. TTFT, TPOT, ITL and E2E are defined as `vllm bench serve` defines them.
 """
