@@ -1,4 +1,4 @@
-"""Per-request metric arithmetic (definitions of `vllm bench serve`, REFERENCE.md section 6).
+"""Per-request metric arithmetic (as `vllm bench serve` defines them).
 
 TTFT: send to the first chunk with non-empty content. ITL: every gap between content chunks.
 E2E: send to end of stream. TPOT: (E2E - TTFT) / (output tokens - 1), undefined for fewer than

@@ -3,7 +3,7 @@
 Run k of A and run k of B form a pair; the mean of the paired differences B - A gets a
 two-sided confidence interval from Student's t with n - 1 degrees of freedom (scipy's
 quantile). When the interval contains 0 the runs do not show a difference, and that is what
-is reported: seed 002's lesson is that small single-run deltas are noise until shown otherwise.
+is reported: small single-run deltas are noise until shown otherwise.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.types import EngineMetrics
 
-# Current names first, then the names older vLLM servers publish (REFERENCE §1).
+# Current names first, then the names older vLLM servers publish.
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")

@@ -1,4 +1,4 @@
-"""Scheduler, pool and prefix-index metrics, named after the EPP's (seed 001).
+"""Scheduler, pool and prefix-index metrics, named after llm-d EPP's.
 
 Everything registers on the registry the proxy passes to `bind_metrics`; nothing touches the
 global default registry. Pool gauges and the prefix index size are computed when /metrics is

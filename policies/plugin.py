@@ -1,4 +1,4 @@
-"""Contracts of the Filter -> Score -> Pick framework (seed 001) and the per-request state.
+"""Contracts of the Filter -> Score -> Pick framework and the per-request state.
 
 A scheduling profile runs its filters in order, sums `weight x score` over its scorers (each
 score in [0, 1], higher is better) and hands the totals to one picker. A profile handler

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation on the wire (REFERENCE §3).
+"""Prefill/decode disaggregation on the wire.
 
 Two ways to carry out a Decision that names a prefill backend:
 - header mode (the llm-d contract): the request goes to the decode backend with

@@ -1,4 +1,4 @@
-"""Prefix-cache affinity filter with a TTFT load gate (seed 001).
+"""Prefix-cache affinity filter with a TTFT load gate.
 
 Narrows the candidates to the "sticky" backends whose prefix-cache score reaches
 `threshold`, unless

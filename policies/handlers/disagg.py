@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (seed 001's disagg-profile-handler, issue 7's decider).
+"""Prefill/decode disaggregation (llm-d's disagg-profile-handler and a prefill/decode decider).
 
 Runs the decode profile first: its pick is the destination. Then the decider:
 - `always`: also run the prefill profile;

@@ -1,4 +1,4 @@
-"""Autellix load balancer (seed 004, Algorithm 2).
+"""Autellix load balancer (the Autellix paper's Algorithm 2).
 
 - At most `threshold_tokens` (2048) prefill tokens: LEAST_USED, the backend with the fewest
   requests in flight (ties rotate).

@@ -1,4 +1,4 @@
-"""LMetric (seed 002, REFERENCE §5): score = P_tokens x BS, lowest wins.
+"""LMetric: score = P_tokens x BS, lowest wins.
 
 - P_tokens = the backend's pending prefill tokens (proxy accounting) + this request's
   uncached tokens there (prefix index): implicit soft affinity, since a backend holding the

@@ -1,4 +1,4 @@
-"""The hybrid "unified" policy (seed 002's current algorithm): LMetric + high-cache affinity.
+"""The hybrid "unified" policy (the LMetric authors' algorithm): LMetric + high-cache affinity.
 
 1. Affinity gate, for a session with a recorded owner among the candidates: route to the
    owner when cache_ratio = cached prompt share on the owner > `cache_ratio_threshold` (0.5)

@@ -259,7 +259,8 @@ REMOTE_DECODE = {
 
 
 def capture_pd(prefill: Capture, decode: Capture, vocab: int) -> None:
-    """The two-step protocol of REFERENCE §3, each leg recorded as the engines answered."""
+    """The two-step NixlConnector protocol (prefill leg, then decode leg), each leg recorded
+    as the engines answered."""
     rng = random.Random(5)
     for stream in (False, True):
         body: dict[str, Any] = {
