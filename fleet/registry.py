@@ -69,17 +69,23 @@ class FleetRegistry:
     def candidates(self, model: str, now: float) -> list[Backend]:
         """Backends that may take a new request for `model` right now.
 
-        Healthy, not draining, serving `model`, with a fresh scrape. When every such backend's
-        scrape is stale at once, the likely cause is this process (a saturated event loop
-        delays all scrapes alike), not the fleet: then the healthy ones are used as they are,
-        rather than answering 503 to everyone. A dead backend fails its health check or its
-        connection and is excluded either way.
+        Healthy, not draining, not ejected, serving `model`, with a fresh scrape. When every
+        such backend's scrape is stale at once, the likely cause is this process (a saturated
+        event loop delays all scrapes alike), not the fleet: then the healthy ones are used as
+        they are, rather than answering 503 to everyone. A dead backend fails its health check
+        or its connection and is excluded either way.
         """
         fresh: list[Backend] = []
         stale: list[Backend] = []
         for b in self._backends.values():
             snap = b.snapshot
-            if not b.healthy or b.draining or snap is None or model not in b.spec.models:
+            if (
+                not b.healthy
+                or b.draining
+                or now < b.ejected_until
+                or snap is None
+                or model not in b.spec.models
+            ):
                 continue
             (fresh if now - snap.taken_at <= self.stale_after else stale).append(b)
         return fresh or stale

@@ -17,7 +17,7 @@ import orjson
 
 from fleet.clock import Clock
 from fleet.registry import FleetRegistry
-from fleet.types import Backend, MetricsSnapshot
+from fleet.types import Backend, EngineMetrics, MetricsSnapshot
 from fleet.vllm_metrics import parse_engine_metrics
 
 log = logging.getLogger("fleet.scrape")
@@ -141,4 +141,17 @@ class Scraper:
             # The snapshot keeps its old time, so it goes stale on its own.
             backend.last_error = f"/metrics failed: {type(e).__name__}: {e}"
             return
-        backend.snapshot = MetricsSnapshot(taken_at=self.clock.now(), metrics=metrics)
+        now = self.clock.now()
+        previous = backend.snapshot
+        if previous is not None and _worked(previous.metrics, metrics):
+            backend.progress_at = now
+        backend.snapshot = MetricsSnapshot(taken_at=now, metrics=metrics)
+
+
+def _worked(before: EngineMetrics, after: EngineMetrics) -> bool:
+    """Whether the engine did work between two scrapes (a restarted engine's counters fall)."""
+    return (
+        after.steps != before.steps
+        or after.generation_tokens != before.generation_tokens
+        or after.prompt_tokens != before.prompt_tokens
+    )

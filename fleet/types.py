@@ -47,6 +47,7 @@ class EngineMetrics:
     preemptions: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    steps: float = 0.0  # engine steps taken (vllm:iteration_tokens_total's count)
     # From vllm:cache_config_info, when published.
     block_size: int | None = None
     num_gpu_blocks: int | None = None
@@ -89,6 +90,10 @@ class Backend:
     last_error: str = ""
     # The longest context the backend takes (prompt + output), from its /v1/models.
     max_model_len: int | None = None
+    # Out of routing until this clock time: its requests kept failing (fleet/outliers.py).
+    ejected_until: float = 0.0
+    # The last scrape whose step or token counters had moved: the engine was working.
+    progress_at: float | None = None
 
     @property
     def id(self) -> str:
@@ -111,7 +116,12 @@ class Backend:
         return snap is None or now - snap.taken_at > stale_after
 
     def routable(self, now: float, stale_after: float) -> bool:
-        return self.healthy and not self.draining and not self.is_stale(now, stale_after)
+        return (
+            self.healthy
+            and not self.draining
+            and now >= self.ejected_until
+            and not self.is_stale(now, stale_after)
+        )
 
     @property
     def batch_size(self) -> float:

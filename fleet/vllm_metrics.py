@@ -49,6 +49,12 @@ _RELEVANT = re.compile(
 )
 
 
+# Engine steps, the count of vLLM's per-step token histogram: the engine's heartbeat (it moves
+# with every chunk of a long prefill, when the token counters do not). Only its _count line is
+# read, straight from the text, rather than parse the histogram's buckets.
+_STEPS = re.compile(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)", re.MULTILINE)
+
+
 def _family_of(name: str) -> str:
     for suffix in _SUFFIXES:
         if name.endswith(suffix) and name[: -len(suffix)] in WANTED:
@@ -94,6 +100,12 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
                 return sums[n]
         return 0.0
 
+    steps = 0.0
+    for value in _STEPS.findall(text):
+        try:
+            steps += float(value)
+        except ValueError:
+            continue
     return EngineMetrics(
         running=first(RUNNING),
         waiting=first(WAITING),
@@ -103,6 +115,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         preemptions=first(PREEMPTIONS),
         prompt_tokens=first(PROMPT_TOKENS),
         generation_tokens=first(GENERATION_TOKENS),
+        steps=steps,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         enable_prefix_caching=prefix_caching,

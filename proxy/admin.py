@@ -1,8 +1,10 @@
 """Admin API: list, add, remove, drain and evacuate backends; live requests and their planned
 moves; policy state.
 
-Protected by the admin token when one is configured (`Authorization: Bearer <token>` or
-`x-admin-token: <token>`).
+Protected by the admin token when one is configured (`x-admin-token: <token>`; not
+`Authorization`, which clients send to the backends on the OpenAI endpoints). With no token
+configured it answers loopback clients only. Backends added at run time must pass the URL
+policy (proxy/url_policy.py).
 
 With several worker processes a change (add, remove, drain, undrain) reaches every worker
 through `FleetChanges` (proxy/peer_sync.py) and is answered once the receiving worker has
@@ -17,16 +19,18 @@ import secrets
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
 from proxy.core import ProxyCore
 from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
 from proxy.settings import BackendConfig
+from proxy.url_policy import UrlPolicy, is_loopback, refuse_reason
 
 
 class MoveOrderBody(BaseModel):
@@ -39,7 +43,9 @@ class MoveOrderBody(BaseModel):
     reason: str = Field(default="admin", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")
 
 
-def backend_view(b: Backend, now: float, stale_after: float) -> dict[str, Any]:
+def backend_view(
+    b: Backend, now: float, stale_after: float, ejection: EjectionState | None = None
+) -> dict[str, Any]:
     snap = b.snapshot
     return {
         "id": b.id,
@@ -53,6 +59,15 @@ def backend_view(b: Backend, now: float, stale_after: float) -> dict[str, Any]:
         "draining": b.draining,
         "routable": b.routable(now, stale_after),
         "last_error": b.last_error,
+        "ejection": (
+            {
+                "reason": ejection.reason,
+                "seconds_left": max(0.0, ejection.until - now),
+                "in_a_row": ejection.ejections,
+            }
+            if ejection is not None
+            else None
+        ),
         "load": asdict(b.load),
         "metrics": asdict(snap.metrics) if snap else None,
         "snapshot_age_seconds": snap.age(now) if snap else None,
@@ -66,27 +81,34 @@ def admin_router(
     `PeerSync` when the proxy runs several."""
     token = core.settings.admin_token
     fleet_changes: FleetChanges = changes or LocalChanges(core.fleet)
+    settings = core.settings
+    url_policy = UrlPolicy.build(
+        settings.backend_url_allow,
+        settings.backend_url_schemes,
+        settings.backend_url_allow_link_local,
+    )
 
-    def check_token(
-        authorization: str | None = Header(default=None),
-        x_admin_token: str | None = Header(default=None),
-    ) -> None:
+    def check_token(request: Request, x_admin_token: str | None = Header(default=None)) -> None:
         if token is None:
+            client = request.client
+            if client is None or not is_loopback(client.host):
+                raise HTTPException(
+                    status_code=403,
+                    detail="the admin API answers only loopback clients when no admin_token is set",
+                )
             return
-        given = x_admin_token
-        if given is None and authorization and authorization.lower().startswith("bearer "):
-            given = authorization[7:]
         # As bytes: a header's value may hold any byte (the server decodes it as latin-1),
         # and compare_digest refuses non-ASCII str.
-        if given is None or not secrets.compare_digest(
-            given.encode("latin-1"), token.get_secret_value().encode("utf-8")
+        if x_admin_token is None or not secrets.compare_digest(
+            x_admin_token.encode("latin-1"), token.get_secret_value().encode("utf-8")
         ):
             raise HTTPException(status_code=401, detail="admin token missing or wrong")
 
     router = APIRouter(prefix="/admin", dependencies=[Depends(check_token)])
 
     def view(b: Backend) -> dict[str, Any]:
-        return backend_view(b, core.clock.now(), core.fleet.stale_after)
+        ejection = core.ejection.detector.state(b.id)
+        return backend_view(b, core.clock.now(), core.fleet.stale_after, ejection)
 
     @router.get("/backends")
     async def list_backends() -> list[dict[str, Any]]:
@@ -94,6 +116,9 @@ def admin_router(
 
     @router.post("/backends", status_code=201)
     async def add_backend(config: BackendConfig) -> dict[str, Any]:
+        refused = await refuse_reason(url_policy, config.url)
+        if refused is not None:
+            raise HTTPException(status_code=403, detail=f"backend url refused: {refused}")
         try:
             b = await fleet_changes.add(config.to_spec())
         except DuplicateBackend as e:

@@ -27,17 +27,28 @@ _DROP_RESPONSE_HEADERS = frozenset(
 
 
 def response_headers(
-    raw: list[tuple[bytes, bytes]], request_id: str, backend_id: str, *, json_body: bool = False
+    raw: list[tuple[bytes, bytes]],
+    request_id: str,
+    backend_id: str | None,
+    *,
+    json_body: bool = False,
 ) -> list[tuple[bytes, bytes]]:
-    """The backend's end-to-end headers plus the proxy's own. `json_body`: the proxy answers
-    a JSON body it assembled from the backend's event stream."""
+    """The backend's end-to-end headers plus the proxy's own (`x-fleet-backend` unless
+    `backend_id` is None). `json_body`: the proxy answers a JSON body it assembled from the
+    backend's event stream."""
     drop = _DROP_RESPONSE_HEADERS
     out = [(k.lower(), v) for k, v in raw if k.lower() not in drop]
+    for k, v in raw:
+        if k.lower() == b"connection":
+            # Headers the backend's Connection names are for the proxy's hop only.
+            named = {t.strip().lower() for t in v.split(b",")}
+            out = [(k2, v2) for k2, v2 in out if k2 not in named]
     if json_body:
         out = [(k, v) for k, v in out if k != b"content-type"]
         out.append((b"content-type", b"application/json"))
     out.append((b"x-request-id", request_id.encode("latin-1")))
-    out.append((b"x-fleet-backend", backend_id.encode("latin-1")))
+    if backend_id is not None:
+        out.append((b"x-fleet-backend", backend_id.encode("latin-1")))
     return out
 
 

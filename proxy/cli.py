@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.settings import ConfigError, Settings, load_settings
+from proxy.url_policy import is_loopback
 
 
 def _serve_parser(sub: Any) -> None:
@@ -57,6 +58,30 @@ def banner(settings: Settings, port: int, model: str = "<model>") -> str:
     )
 
 
+def exposure_warnings(settings: Settings) -> list[str]:
+    """What an operator listening beyond loopback should know at start-up."""
+    if is_loopback(settings.host) or settings.host == "localhost":
+        return []
+    out: list[str] = []
+    if settings.admin_token is None:
+        out.append(
+            f"listening on {settings.host} with no admin_token: the admin API answers only "
+            "loopback clients; set admin_token (FLEET_PROXY_ADMIN_TOKEN) to manage the fleet "
+            "from elsewhere"
+        )
+    if settings.debug_receipts:
+        out.append(
+            f"listening on {settings.host} with debug_receipts on: any client can read routing "
+            "scores and backend names with x-fleet-debug: 1"
+        )
+    if settings.error_details:
+        out.append(
+            f"listening on {settings.host} with error_details on: clients see backend ids "
+            "and their error text"
+        )
+    return out
+
+
 def run_serve(settings: Settings, model: str = "<model>") -> int:
     import uvicorn
 
@@ -73,10 +98,11 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
     except (UnknownPolicy, ValueError) as e:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
+    log = logging.getLogger("fleet_proxy")
     if not settings.backends:
-        logging.getLogger("fleet_proxy").warning(
-            "no backends configured: add them with --backend URL or POST /admin/backends"
-        )
+        log.warning("no backends configured: add them with --backend URL or POST /admin/backends")
+    for warning in exposure_warnings(settings):
+        log.warning(warning)
     if settings.workers > 1:
         from proxy.workers import run_workers
 

@@ -17,6 +17,7 @@ from fleet.tokens import TokenCounter
 from fleet.types import Backend
 from policies.base import Policy
 from policies.registry import build_policy, build_routing
+from proxy.ejection import EjectionGuard
 from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.settings import Settings
@@ -43,7 +44,9 @@ class ProxyCore:
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
         self.metrics = RouterMetrics(self.prom)
+        self.fleet.on_removed(self.metrics.forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))
+        self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
         bind = getattr(self.policy, "bind_metrics", None)
         if callable(bind):
             bind(self.prom)
@@ -86,12 +89,13 @@ class ProxyCore:
             on_down=self._backend_down,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
+        self._tasks.append(asyncio.create_task(self.ejection.run(), name="ejection"))
 
     def _backend_down(self, backend: Backend) -> None:
         """A health check took `backend` out: its live requests leave it now rather than wait
         out `read_timeout` (moved, or sent again where nothing reached the client yet)."""
         for entry in self.live.on_backend(backend.id):
-            entry.backend_down()
+            entry.backend_down("its backend was found down by a health check")
 
     def upstream_pool(self) -> UpstreamPool:
         """The forwarding client; exists from start() on."""

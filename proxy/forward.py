@@ -86,6 +86,7 @@ class Forwarder:
         self._watchers: set[asyncio.Task[None]] = set()
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
+        self._debug = core.settings.debug_receipts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, generates = HOT_ROUTES[scope["path"]]
@@ -97,9 +98,15 @@ class Forwarder:
             headers[k.decode("latin-1")] = v.decode("latin-1")
             if k not in _DROP_REQUEST_HEADERS:
                 upstream.append((k, v))
-        request_id = headers.get("x-request-id") or os.urandom(16).hex()
-        # The same id on every leg lets vLLM's abort and logs line up with ours.
-        upstream.append((b"x-request-id", request_id.encode("latin-1")))
+        named = headers.get("connection")
+        if named is not None:
+            upstream = _without_connection_named(upstream, named)
+        client_id = headers.get("x-request-id")
+        request_id = client_id or os.urandom(16).hex()
+        # vLLM keys its requests by this id, so two clients sending the same x-request-id must
+        # not meet on one engine: the client's id, kept as a prefix to trace it, made unique.
+        upstream_id = request_id if client_id is None else f"{client_id}-{os.urandom(6).hex()}"
+        upstream.append((b"x-request-id", upstream_id.encode("latin-1")))
         status = 500
         try:
             body = await self._read_body(receive, headers)
@@ -192,7 +199,7 @@ class Forwarder:
             prompt_tokens=tokens,
             session_id=session_id,
             program_id=headers.get("x-program-id") or session_id,
-            debug=headers.get("x-fleet-debug") == "1",
+            debug=self._debug and headers.get("x-fleet-debug") == "1",
             prompt_is_token_ids=token_count is not None,
         )
 
@@ -227,6 +234,17 @@ class Forwarder:
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         self._watchers.add(watcher)  # the loop keeps only weak references to tasks
         watcher.add_done_callback(self._watchers.discard)
+
+
+def _without_connection_named(
+    upstream: list[tuple[bytes, bytes]], connection: str
+) -> list[tuple[bytes, bytes]]:
+    """Drop the headers a client's `Connection:` names: they are for this hop only."""
+    named = {t.strip().lower().encode("latin-1") for t in connection.split(",")}
+    named -= {b"close", b"keep-alive", b""}
+    if not named:
+        return upstream
+    return [(k, v) for k, v in upstream if k not in named]
 
 
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _Watch) -> None:

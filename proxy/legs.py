@@ -216,8 +216,16 @@ class LegOpener:
             raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
         return resp
 
+    def failed(self, backend: Backend, kind: str) -> None:
+        """A leg failed for a reason of the backend's: outcome-based ejection counts it."""
+        self.core.ejection.failed(backend, kind)
+
+    def succeeded(self, backend: Backend) -> None:
+        self.core.ejection.succeeded(backend)
+
     def note_failure(self, request_id: str, e: RetryableUpstream, attempt: int, age: float) -> None:
-        self.core.metrics.upstream_errors.labels(e.backend.id, e.kind).inc()
+        self.core.metrics.count_upstream_error(e.backend.id, e.kind)
+        self.core.ejection.failed(e.backend, e.kind)
         log.warning(
             "request %s: attempt %d on %s failed after %.2fs (%s): %s",
             request_id, attempt, e.backend.id, age, e.kind, e,

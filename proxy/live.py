@@ -53,8 +53,17 @@ class LiveEntry(Protocol):
 
     def view(self) -> dict[str, Any]: ...
 
-    def backend_down(self) -> None:
-        """The backend serving the request was found down: leave it now."""
+    def backend_down(self, why: str) -> None:
+        """The backend serving the request was found down or stalled: leave it now."""
+        ...
+
+    def waiting_since(self) -> float | None:
+        """Since when (clock seconds) the request has waited for its current backend's first
+        output; None once output flows."""
+        ...
+
+    def last_read(self) -> float:
+        """When (clock seconds) a byte last came from its current backend; 0 if none."""
         ...
 
     async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:

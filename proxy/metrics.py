@@ -6,6 +6,7 @@ pays nothing for it; the hot path only bumps pre-bound counters and histograms.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -100,6 +101,15 @@ class RouterMetrics:
             ["backend", "reason"],
             registry=registry,
         )
+        self.ejections = Counter(
+            "fleet_proxy_backend_ejections",
+            "Backends taken out of routing for a back-off period by their requests' outcomes "
+            "(consecutive failures, or stalled), by the most frequent failure kind",
+            ["backend", "reason"],
+            registry=registry,
+        )
+        # Label values in use per backend, so that a removed backend's series go with it.
+        self._backend_series: dict[str, set[tuple[Counter, tuple[str, str]]]] = {}
         # labels() locks and hashes on every call: keep the bound children.
         self._request_children: dict[tuple[str, int], Callable[[], None]] = {}
         self._ttft_children: dict[str, Callable[[float], None]] = {}
@@ -112,6 +122,25 @@ class RouterMetrics:
             inc = self.requests.labels(endpoint, str(status)).inc
             self._request_children[(endpoint, status)] = inc
         inc()
+
+    def _count_backend(self, metric: Counter, backend_id: str, label: str) -> None:
+        self._backend_series.setdefault(backend_id, set()).add((metric, (backend_id, label)))
+        metric.labels(backend_id, label).inc()
+
+    def count_upstream_error(self, backend_id: str, kind: str) -> None:
+        self._count_backend(self.upstream_errors, backend_id, kind)
+
+    def count_passive_ejection(self, backend_id: str, reason: str) -> None:
+        self._count_backend(self.passive_ejections, backend_id, reason)
+
+    def count_ejection(self, backend_id: str, reason: str) -> None:
+        self._count_backend(self.ejections, backend_id, reason)
+
+    def forget_backend(self, backend_id: str) -> None:
+        """A removed backend's series leave /metrics (a fleet that churns would grow them)."""
+        for metric, labels in self._backend_series.pop(backend_id, ()):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
 
     def count_migration(self, reason: str, outcome: str) -> None:
         self.migrations.labels(reason, outcome).inc()
@@ -169,7 +198,12 @@ class BackendStateCollector(Collector):
             ),
             "routable": GaugeMetricFamily(
                 "fleet_proxy_backend_routable",
-                "1 when healthy, not draining and its scrape is fresh",
+                "1 when healthy, not draining, not ejected and its scrape is fresh",
+                labels=labels,
+            ),
+            "ejected": GaugeMetricFamily(
+                "fleet_proxy_backend_ejected",
+                "1 while the backend is ejected for its requests' outcomes",
                 labels=labels,
             ),
             "age": GaugeMetricFamily(
@@ -186,6 +220,7 @@ class BackendStateCollector(Collector):
             fams["decodes"].add_metric(lv, b.load.running_decodes)
             fams["healthy"].add_metric(lv, 1.0 if b.healthy else 0.0)
             fams["routable"].add_metric(lv, 1.0 if b.routable(now, self.fleet.stale_after) else 0.0)
+            fams["ejected"].add_metric(lv, 1.0 if now < b.ejected_until else 0.0)
             if b.snapshot is not None:
                 fams["age"].add_metric(lv, b.snapshot.age(now))
         yield from fams.values()

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from fleet.clock import Clock
 from fleet.types import Backend
 from policies.base import Decision, RequestContext
 from proxy.accounting import Dispatch
@@ -59,7 +60,15 @@ class SessionMoves:
     """Mixed into RequestSession (proxy/session.py), whose state it works on."""
 
     # What a move changes; the rest of the session's state is RequestSession's.
-    __slots__ = ("_cut_at", "_opening", "_opening_resp", "_order", "_splicer", "moves")
+    __slots__ = (
+        "_cut_at",
+        "_opening",
+        "_opening_resp",
+        "_order",
+        "_splicer",
+        "_wait_from",
+        "moves",
+    )
 
     # The session's state this half reads (set by RequestSession).
     ctx: RequestContext
@@ -80,6 +89,7 @@ class SessionMoves:
     _opening: Backend | None  # the backend a leg is being opened on, before its head came
     _opening_resp: UpstreamResponse | None
     _cut_at: float | None
+    _clock: Clock
     _splicer: Splicer | None
     _assembler: Assembler | None
     _strip: bool
@@ -108,6 +118,9 @@ class SessionMoves:
         raise NotImplementedError
 
     def _sent(self, resp: UpstreamResponse) -> None:
+        raise NotImplementedError
+
+    def _leg_headers(self) -> list[tuple[bytes, bytes]]:
         raise NotImplementedError
 
     async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
@@ -263,8 +276,11 @@ class SessionMoves:
             target = decision.target
             self.dispatch.move(target.load, prompt_len)
             self._opening = target
+            self._wait_from = self._clock.now()
             try:
-                resp = await self._opener.request(target, path, self.headers, body, self._sent)
+                resp = await self._opener.request(
+                    target, path, self._leg_headers(), body, self._sent
+                )
             except RetryableUpstream as e:
                 self._note_failure(e)
                 self.dispatch.release()
@@ -339,7 +355,9 @@ class SessionMoves:
         self._resolve(MoveResult("failed", source.backend.id, detail=detail))
         log.warning("request %s: %s", self.ctx.request_id, detail)
         if self._assembler is None:
-            message = f"backend {source.backend.id} failed mid-stream; the response is incomplete"
+            message = "the backend failed mid-stream; the response is incomplete"
+            if self._settings.error_details:
+                message = f"backend {source.backend.id}: {detail}; the response is incomplete"
             await self._send(
                 {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
             )
@@ -359,9 +377,10 @@ class SessionMoves:
         """Passive ejection: a backend that broke or stalled under a request gets no new ones
         until its next passing health check."""
         kind = "stalled" if brk.kind == "stalled" else "mid_stream"
-        self._metrics.upstream_errors.labels(backend.id, kind).inc()
+        self._metrics.count_upstream_error(backend.id, kind)
+        self._opener.failed(backend, kind)
         backend.last_error = f"{kind}: {brk.detail}"
         log.warning("request %s: %s %s: %s", self.ctx.request_id, backend.id, kind, brk.detail)
         if backend.healthy:
             backend.healthy = False
-            self._metrics.passive_ejections.labels(backend.id, kind).inc()
+            self._metrics.count_passive_ejection(backend.id, kind)

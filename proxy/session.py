@@ -60,11 +60,13 @@ class RequestSession(SessionMoves):
         "_assembler",
         "_body_fields",
         "_charge",
+        "_clock",
         "_core",
         "_first_body",
         "_leg_live",
         "_metrics",
         "_movability",
+        "_opened",
         "_opener",
         "_send",
         "_settings",
@@ -95,12 +97,15 @@ class RequestSession(SessionMoves):
         movability: Movability | None,
     ) -> None:
         self._core = core
+        self._clock = core.clock
         self._settings = core.settings
         self._metrics = core.metrics
         self._opener = opener
         self.path = path
         self.ctx = ctx
-        self.headers = headers  # end-to-end headers for every backend
+        self.headers = headers  # end-to-end headers for every backend, x-request-id last
+        self._opened = 0  # legs opened (or tried): each gets its own upstream request id
+        self._wait_from = 0.0  # clock time the current leg was sent: its wait for output
         self._send = send
         self.arrived = arrived
         self._movability = movability
@@ -175,6 +180,7 @@ class RequestSession(SessionMoves):
         ledger = self.ledger
         return {
             "request_id": self.ctx.request_id,
+            "upstream_request_id": self.headers[-1][1].decode("latin-1"),
             "endpoint": self.ctx.endpoint,
             "model": self.ctx.model,
             "backend": self.backend_id,
@@ -190,8 +196,7 @@ class RequestSession(SessionMoves):
             "legs": [leg.receipt() for leg in self.legs],
         }
 
-    def backend_down(self) -> None:
-        why = "its backend was found down by a health check"
+    def backend_down(self, why: str) -> None:
         if self._opening is not None:
             if self._opening_resp is not None:
                 self._opening_resp.interrupt(why)  # still waiting for the answer's head
@@ -199,6 +204,33 @@ class RequestSession(SessionMoves):
         leg = self.leg
         if leg is not None and not leg.closed and self._order is None:
             leg.resp.interrupt(why)
+
+    def waiting_since(self) -> float | None:
+        if self._leg_live:
+            return None
+        if self._opening is None and (self.leg is None or self.leg.closed):
+            return None  # between legs
+        return self._wait_from
+
+    def last_read(self) -> float:
+        if self._opening is not None:
+            resp = self._opening_resp
+        else:
+            leg = self.leg
+            resp = leg.resp if leg is not None and not leg.closed else None
+        return resp.last_read if resp is not None else 0.0
+
+    def _leg_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers of the next leg: after the first, its x-request-id gets a suffix, so a
+        retry or a continuation never shares an id with a request an engine may still hold
+        (a P/D prefill leg shares its decode leg's id, as the KV transfer expects)."""
+        n = self._opened
+        self._opened = n + 1
+        headers = self.headers
+        if n == 0:
+            return headers
+        name, value = headers[-1]
+        return [*headers[:-1], (name, b"%s-%d" % (value, n))]
 
     def _sent(self, resp: UpstreamResponse) -> None:
         self._opening_resp = resp
@@ -227,7 +259,7 @@ class RequestSession(SessionMoves):
             last = first
         settings = self._settings
         if settings.max_attempts <= 1:
-            raise _exhausted(self.tried, last)
+            raise _exhausted(self.tried, last, self._settings.error_details)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(settings.max_attempts - 1),
             retry=retry_if_exception_type(RetryableUpstream),
@@ -249,7 +281,7 @@ class RequestSession(SessionMoves):
         except ProxyError as e:
             if e.status != 503:
                 raise
-        raise _exhausted(self.tried, last)
+        raise _exhausted(self.tried, last, self._settings.error_details)
 
     async def _attempt_first(self) -> tuple[Leg, bytes | None]:
         """Open the first leg; answers the proxy relays whole are read here, so a break
@@ -260,11 +292,12 @@ class RequestSession(SessionMoves):
         backend = decision.target
         self.tried.append(backend.id)
         try:
+            headers = self._leg_headers()
             if decision.prefill is None:  # the common case, without a coroutine call
-                prefill, body, headers, charge = None, self._first_body, self.headers, None
+                prefill, body, charge = None, self._first_body, None
             else:
                 prefill, body, headers, charge = await opener.prefill_elsewhere(
-                    ctx, decision, self.path, self._first_body, self._body_fields, self.headers
+                    ctx, decision, self.path, self._first_body, self._body_fields, headers
                 )
             if charge is None:
                 # What the policy expects the backend to compute (its uncached part), else all.
@@ -274,6 +307,7 @@ class RequestSession(SessionMoves):
             self._charge = charge
             self.dispatch.move(backend.load, charge)
             self._opening = backend
+            self._wait_from = self._clock.now()
             try:
                 resp = await opener.request(backend, self.path, headers, body, self._sent)
             finally:
@@ -287,11 +321,13 @@ class RequestSession(SessionMoves):
         if resp.status == 200 and (ctx.stream or self._assembler is not None):
             return leg, None
         try:
-            return leg, await resp.read()
+            whole = await resp.read()
         except UpstreamError as e:
             self._close_leg()
             self.dispatch.release()
             raise RetryableUpstream(backend, "io", str(e)) from None
+        opener.succeeded(backend)
+        return leg, whole
 
     async def _serve(self, leg: Leg, whole: bytes | None) -> int:
         ctx = self.ctx
@@ -315,10 +351,12 @@ class RequestSession(SessionMoves):
 
     def _headers(self, leg: Leg, *, json_body: bool = False) -> list[tuple[bytes, bytes]]:
         ctx = self.ctx
+        named = self._settings.backend_header
         out = response_headers(
-            leg.resp.raw_headers, ctx.request_id, leg.backend.id, json_body=json_body
-        )
-        if leg.prefill is not None:
+            leg.resp.raw_headers, ctx.request_id, leg.backend.id if named else None,
+            json_body=json_body,
+        )  # fmt: skip
+        if leg.prefill is not None and named:
             out.append((b"x-fleet-prefill", leg.prefill.id.encode("latin-1")))
         if ctx.debug:
             out.append((b"x-fleet-decision", receipt_header(self.legs[0].decision)))
@@ -426,6 +464,7 @@ class RequestSession(SessionMoves):
         self._leg_live = True
         now = time.perf_counter()
         self.dispatch.first_token()
+        self._opener.succeeded(leg.backend)
         if self.first_token_at is None:
             self.first_token_at = now
             self._metrics.observe_ttft(self.ctx.endpoint, now - self.arrived)
@@ -452,13 +491,10 @@ class RequestSession(SessionMoves):
         assembler = self._assembler
         assert assembler is not None
         if not await self._stream():
-            raise ProxyError(
-                502,
-                "the backends failed before the answer was complete: "
-                + (self.legs[-1].backend.last_error if self.legs else ""),
-                type="upstream_error",
-                code=502,
-            )
+            message = "the backends failed before the answer was complete"
+            if self._settings.error_details and self.legs:
+                message += ": " + self.legs[-1].backend.last_error
+            raise ProxyError(502, message, type="upstream_error", code=502)
         body = assembler.body()
         leg = self.leg
         assert leg is not None
@@ -504,11 +540,8 @@ def _with_token_ids(raw: bytes, parsed: dict[str, Any]) -> bytes:
     return raw[: brace + 1] + b'"return_token_ids":true,' + raw[brace + 1 :]
 
 
-def _exhausted(tried: list[str], last: RetryableUpstream) -> ProxyError:
-    return ProxyError(
-        502,
-        f"no backend answered after {len(tried)} attempt(s) ({', '.join(tried)}); "
-        f"last error: {last}",
-        type="upstream_error",
-        code=502,
-    )
+def _exhausted(tried: list[str], last: RetryableUpstream, details: bool) -> ProxyError:
+    message = f"no backend answered after {len(tried)} attempt(s)"
+    if details:
+        message += f" ({', '.join(tried)}); last error: {last}"
+    return ProxyError(502, message, type="upstream_error", code=502)

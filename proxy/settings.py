@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -27,6 +28,7 @@ from pydantic_settings import (
 
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
+from proxy.url_policy import parse_allow_entry
 
 _BACKEND_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
@@ -61,6 +63,9 @@ class BackendConfig(BaseModel):
             raise ValueError(f"backend url must be ASCII (a host in its IDNA form), got {v!r}")
         if not (v.startswith("http://") or v.startswith("https://")):
             raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
+        if "@" in urlsplit(v).netloc:
+            # It would show in /admin/backends, the log and metric labels.
+            raise ValueError("backend url must not carry credentials (user:password@)")
         if v.endswith("/v1"):
             v = v[: -len("/v1")]
         return v
@@ -115,6 +120,22 @@ class Settings(BaseSettings):
     move_timeout: float = Field(
         30.0, gt=0, allow_inf_nan=False, description="the admin API's wait for a planned move"
     )
+    # Outcome-based ejection (fleet/outliers.py): a backend whose requests keep failing leaves
+    # routing for a while, even when its /health answers.
+    outlier_detection: bool = True
+    outlier_consecutive_failures: int = Field(
+        5, ge=1, le=1000, description="failures in a row that eject a backend"
+    )
+    outlier_window: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="max seconds between chained failures"
+    )
+    outlier_base_ejection: float = Field(
+        10.0, gt=0, allow_inf_nan=False, description="first ejection; doubles each time after"
+    )
+    outlier_max_ejection: float = Field(300.0, gt=0, allow_inf_nan=False)
+    outlier_max_ejected_fraction: float = Field(
+        0.5, gt=0, le=1, description="share of the fleet ejected at once (at least one)"
+    )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
     max_connections: int = Field(
         2048, ge=1, description="idle keep-alive connections kept per backend"
@@ -127,6 +148,34 @@ class Settings(BaseSettings):
     # How a decision with a prefill backend is carried out (proxy/disagg.py).
     pd_mode: Literal["orchestrated", "header"] = "orchestrated"
     pd_prefill_timeout: float = Field(30.0, gt=0)
+    # --- exposure (safe by default)
+    # Honour a client's `x-fleet-debug: 1` (routing scores and legs in the answer): an operator
+    # tool, since it shows the fleet's names and load to whoever asks.
+    debug_receipts: bool = False
+    # Name the answering backend in `x-fleet-backend` on every response.
+    backend_header: bool = True
+    # Backend ids, addresses and backend error text in client-facing error messages; off, a
+    # client learns only what failed (the admin API and the log keep the details).
+    error_details: bool = False
+    # Backend URLs the admin API may add at run time: CIDRs ("10.0.0.0/8") or host name
+    # patterns ("*.svc.cluster.local", "vllm-*"). A name matching no pattern must resolve only
+    # to addresses inside the listed CIDRs. Backends in the configuration are not checked.
+    backend_url_allow: list[str] = Field(
+        default_factory=lambda: [
+            "127.0.0.0/8",
+            "::1/128",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "fc00::/7",
+        ]
+    )
+    backend_url_schemes: list[Literal["http", "https"]] = Field(
+        default_factory=lambda: list[Literal["http", "https"]](("http", "https"))
+    )
+    # Link-local addresses (169.254.0.0/16, fe80::/10: cloud metadata services live there)
+    # are refused unless this is set (then all of them are allowed).
+    backend_url_allow_link_local: bool = False
     log_level: str = "info"
     # Serving processes (proxy/workers.py). 1 runs the proxy in this process, as always; more
     # share one listening port and their per-backend accounting (fleet/peer_load.py).
@@ -146,6 +195,16 @@ class Settings(BaseSettings):
             v = [u for u in v.replace(",", " ").split() if u]
         if isinstance(v, list):
             return [{"url": item} if isinstance(item, str) else item for item in v]
+        return v
+
+    @field_validator("backend_url_allow")
+    @classmethod
+    def _allow_entries(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            try:
+                parse_allow_entry(entry)
+            except ValueError as e:
+                raise ValueError(f"backend_url_allow: {e}") from None
         return v
 
     @field_validator("log_level")

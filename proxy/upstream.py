@@ -199,6 +199,13 @@ class UpstreamResponse:
         """The body is complete and every piece of it was handed over."""
         return self._complete and not self._pieces
 
+    @property
+    def last_read(self) -> float:
+        """Loop time of the last byte from the backend (or of sending the request); 0 once
+        the body is complete."""
+        conn = self._conn
+        return conn.last_read if conn is not None else 0.0
+
     def set_read_timeout(self, seconds: float) -> None:
         """From now on, fail with "timeout" after this long without a byte from the backend
         (a stream past its first token can use a much shorter limit than a long prefill)."""

@@ -12,8 +12,9 @@ streams are cut, as when a vLLM process dies). Reports:
   plus the prefill of the moved context on the target);
 - the proxy's own migration counters.
 
-Each request sends `x-fleet-debug: 1`, so its stream ends with an SSE comment listing its legs:
-that is how a moved stream is told from one that was not.
+Each request sends `x-fleet-debug: 1` (the proxy runs with debug_receipts on), so its stream
+ends with an SSE comment listing its legs: that is how a moved stream is told from one that
+was not.
 
     python scripts/bench_failover.py [--clients 48] [--duration 20] [--tokens 96]
 
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import statistics
@@ -65,9 +67,11 @@ def free_ports(n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     try:
         yield proc
     finally:
@@ -212,7 +216,9 @@ async def run(args: argparse.Namespace, out_dir: Path) -> dict[str, object]:
                "least_requests", "--log-level", "warning"]  # fmt: skip
         for p in engines:
             cmd += ["--backend", f"http://127.0.0.1:{p}"]
-        stack.enter_context(process(cmd, out_dir / "proxy.log"))
+        # The receipts tell moved streams from the others.
+        debug = {**os.environ, "FLEET_PROXY_DEBUG_RECEIPTS": "true"}
+        stack.enter_context(process(cmd, out_dir / "proxy.log", debug))
         url = f"http://127.0.0.1:{proxy_port}"
         wait_http(url + "/ready")
         victim = f"http://127.0.0.1:{engines[1]}"

@@ -140,6 +140,7 @@ async def test_selective_decider_keeps_short_prompts_local(pd_fleet: SimFleet) -
     settings = fast_settings(
         [{"url": prefill.url, "role": "prefill"}, {"url": decode.url, "role": "decode"}],
         routing=pd_routing("selective", threshold=64),
+        debug_receipts=True,
     )
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
         short = await c.post(

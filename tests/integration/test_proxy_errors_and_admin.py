@@ -147,7 +147,10 @@ async def test_admin_lists_adds_drains_and_removes_backends(backend):
         settings = fast_settings([backend.url], admin_token="s3cret")
         async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
             assert (await c.get("/admin/backends")).status_code == 401
-            auth = {"authorization": "Bearer s3cret"}
+            # Authorization goes to the backends on /v1: it never carries the admin token.
+            bearer = {"authorization": "Bearer s3cret"}
+            assert (await c.get("/admin/backends", headers=bearer)).status_code == 401
+            auth = {"x-admin-token": "s3cret"}
             listed = (await c.get("/admin/backends", headers=auth)).json()
             assert [b["url"] for b in listed] == [backend.url]
             assert listed[0]["models"] == ["fake-model"]
@@ -186,7 +189,7 @@ async def test_admin_lists_adds_drains_and_removes_backends(backend):
 
 
 async def test_debug_header_returns_decision_receipt(backend):
-    settings = fast_settings([backend.url], policy="least_requests")
+    settings = fast_settings([backend.url], policy="least_requests", debug_receipts=True)
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
         r = await c.post(
             "/v1/completions",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from collections.abc import AsyncIterator
 
 import httpx
@@ -45,7 +46,8 @@ async def test_completion_passes_body_untouched_and_tags_response(two_backends):
         assert len(served) == 1
         seen = served[0].seen[-1]
         assert seen.body == body
-        assert seen.headers["x-request-id"] == "abc-1"
+        # The client's id, kept as a prefix, made unique for the engine.
+        assert re.fullmatch(r"abc-1-[0-9a-f]{12}", seen.headers["x-request-id"])
 
 
 async def test_a_backend_url_with_a_path_prefix_keeps_it():

@@ -93,7 +93,7 @@ async def test_prefix_aware_policies_get_more_cache_hits_than_round_robin(
 async def test_decision_receipt_shows_every_candidate(tokenizer: Tokenizer) -> None:
     async with (
         await start_fleet(3, speed=20.0, tokenizer=tokenizer) as fleet,
-        running_proxy(fast_settings(fleet.urls, policy="lmetric")) as (url, _),
+        running_proxy(fast_settings(fleet.urls, policy="lmetric", debug_receipts=True)) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=30) as client,
     ):
         r = await client.post(

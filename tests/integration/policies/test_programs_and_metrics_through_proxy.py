@@ -35,7 +35,7 @@ async def complete(client: httpx.AsyncClient, prompt: str, program: str) -> str:
 
 async def test_autellix_keeps_large_calls_of_a_program_together(fleet: SimFleet) -> None:
     settings = fast_settings(fleet.urls, policy="autellix", admin_token="t")
-    auth = {"authorization": "Bearer t"}
+    auth = {"x-admin-token": "t"}
     async with (
         running_proxy(settings) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=30) as client,

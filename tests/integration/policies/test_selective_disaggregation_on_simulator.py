@@ -45,7 +45,10 @@ async def test_long_uncached_prompts_go_through_prefill_short_and_cached_ones_do
         backends = [{"url": u, "role": r.value} for u, r in zip(fleet.urls, roles, strict=True)]
         prefill_id, decode_id = (u.removeprefix("http://") for u in fleet.urls)
         async with (
-            running_proxy(fast_settings(backends, routing=ROUTING)) as (url, _),
+            running_proxy(fast_settings(backends, routing=ROUTING, debug_receipts=True)) as (
+                url,
+                _,
+            ),
             httpx.AsyncClient(base_url=url, timeout=30) as client,
         ):
 
