@@ -21,7 +21,7 @@ from proxy.ejection import EjectionGuard
 from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.settings import Settings
-from proxy.upstream import UpstreamPool
+from proxy.upstream import UpstreamPool, split_url
 
 log = logging.getLogger("fleet_proxy")
 
@@ -45,6 +45,7 @@ class ProxyCore:
         self.prom = CollectorRegistry(auto_describe=True)
         self.metrics = RouterMetrics(self.prom)
         self.fleet.on_removed(self.metrics.forget_backend)
+        self.fleet.on_removed(self._forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
         bind = getattr(self.policy, "bind_metrics", None)
@@ -96,6 +97,10 @@ class ProxyCore:
         out `read_timeout` (moved, or sent again where nothing reached the client yet)."""
         for entry in self.live.on_backend(backend.id):
             entry.backend_down("its backend was found down by a health check")
+
+    def _forget_backend(self, backend_id: str) -> None:
+        if self.upstream is not None:
+            self.upstream.retain_origins({split_url(b.url)[0] for b in self.fleet})
 
     def upstream_pool(self) -> UpstreamPool:
         """The forwarding client; exists from start() on."""

@@ -88,6 +88,7 @@ class LegOpener:
         self.core = core
         self.settings = core.settings
         self._splits: dict[str, tuple[str, str]] = {}  # backend URL -> (origin, path prefix)
+        core.fleet.on_removed(lambda _: self._splits.clear())  # rebuilt as requests come
 
     def choose(
         self,

@@ -603,6 +603,19 @@ class UpstreamPool:
         if conn in idle:
             idle.remove(conn)
 
+    def origins(self) -> list[str]:
+        """The origins this pool has talked to and still keeps."""
+        return list(self._origins)
+
+    def retain_origins(self, keep: set[str]) -> None:
+        """Forget every other origin, closing its idle connections (a removed backend's
+        connections would otherwise hold a file descriptor each until it closes them)."""
+        for name in [n for n in self._origins if n not in keep]:
+            origin = self._origins.pop(name)
+            for conn in list(origin.idle):
+                conn.close()
+            origin.idle.clear()
+
     async def close(self) -> None:
         """Close every connection, idle or busy; in-flight responses fail with "disconnect"."""
         self._closed = True

@@ -256,12 +256,16 @@ async def test_a_backend_that_takes_requests_and_never_answers_is_left_at_once(
         assert row["healthy"] is True
 
 
-async def test_a_removed_backends_series_leave_metrics(good: FakeBackend, bad: FakeBackend) -> None:
+async def test_a_removed_backend_leaves_no_series_or_connections(
+    good: FakeBackend, bad: FakeBackend
+) -> None:
     bad.behaviour = Behaviour(fail_status=500)
     settings = fast_settings([bad.url, good.url], policy="round_robin")
-    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
         for _ in range(4):
             await c.post("/v1/completions", json=BODY)
+        pool = app.core.upstream_pool()
+        assert bad.url in pool.origins()
         series = f'backend="{backend_id(bad)}"'
         errors = [
             line
@@ -271,3 +275,5 @@ async def test_a_removed_backends_series_leave_metrics(good: FakeBackend, bad: F
         assert errors
         assert (await c.delete(f"/admin/backends/{backend_id(bad)}")).status_code == 200
         assert series not in (await c.get("/metrics")).text
+        # Its idle keep-alive connections are closed and its origin forgotten.
+        assert pool.origins() == [good.url]
