@@ -134,6 +134,7 @@ class Outcome:
     received: int = 0  # tokens the client got
     legs: int = 1  # backends that served it (from the proxy's x-fleet-legs note)
     duplicated: bool = False
+    seconds: float = 0.0  # from sending to the end of the answer
 
 
 def tokens_in(ref: Reference, text: str) -> int:
@@ -186,6 +187,7 @@ async def one_request(
     else:
         body["messages"] = [{"role": "user", "content": prompt_text(prompt)}]
     out = Outcome(ended=0.0)
+    sent = time.monotonic()
     parts: list[str] = []
     dones = 0
     usage: int | None = None
@@ -214,7 +216,8 @@ async def one_request(
         out.error = "client_timeout"
     except aiohttp.ClientError as e:
         out.error, out.detail = f"transport_{type(e).__name__}", str(e)[:200]
-    out.ended = time.monotonic() - t0
+    now = time.monotonic()
+    out.ended, out.seconds = now - t0, now - sent
     if not out.error and dones != 1:
         out.error, out.detail = "no_done" if dones == 0 else "repeated_done", f"{dones} [DONE]"
     check_text(ref, "".join(parts), out)
@@ -314,6 +317,7 @@ class Window:
     received_tokens: int = 0
     duplicated: int = 0
     moved: int = 0  # requests served by more than one backend
+    seconds: list[float] = field(default_factory=list)  # each request's duration
     rss_mb: list[float] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)  # deltas over the window
     faults: list[str] = field(default_factory=list)
@@ -327,6 +331,7 @@ class Window:
         self.received_tokens += o.received
         self.duplicated += o.duplicated
         self.moved += o.legs > 1
+        self.seconds.append(o.seconds)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -337,11 +342,24 @@ class Window:
             "received_tokens": self.received_tokens,
             "duplicated_text": self.duplicated,
             "moved": self.moved,
+            **latency(self.seconds),
             "rss_mb_max": max(self.rss_mb, default=None),
             "rss_mb_last": self.rss_mb[-1] if self.rss_mb else None,
             "counters": self.counters,
             "faults": self.faults,
         }
+
+
+def latency(seconds: list[float]) -> dict[str, float | None]:
+    """Request durations: a request stuck on a silent backend shows here first."""
+    if not seconds:
+        return {"seconds_p50": None, "seconds_p99": None, "seconds_max": None}
+    ordered = sorted(seconds)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+    return {"seconds_p50": at(0.5), "seconds_p99": at(0.99), "seconds_max": round(ordered[-1], 3)}
 
 
 class Soak:
@@ -448,7 +466,8 @@ class Soak:
         print(
             f"[{start + self.args.window:7.1f} s] completed {w.completed}, errors "
             f"{dict(w.errors) or 0}, lost tokens {w.asked_tokens - w.received_tokens}, moved "
-            f"{w.moved}, proxy RSS {max(w.rss_mb, default=0):.0f} MB "
+            f"{w.moved}, slowest {max(w.seconds, default=0):.1f} s, "
+            f"proxy RSS {max(w.rss_mb, default=0):.0f} MB "
             f"(total {done} ok, {errors} errors)",
             flush=True,
         )
@@ -492,6 +511,7 @@ class Soak:
             total.received_tokens += w.received_tokens
             total.duplicated += w.duplicated
             total.moved += w.moved
+            total.seconds.extend(w.seconds)
             total.rss_mb.extend(w.rss_mb)
         counters = {
             k: v - self.counters_start.get(k, 0.0)
@@ -523,6 +543,7 @@ class Soak:
                 "received_tokens": total.received_tokens,
                 "duplicated_text": total.duplicated,
                 "moved": total.moved,
+                **latency(total.seconds),
                 "cut_off_at_end": self.cut_off,
                 "rss_mb_first": rss[0] if rss else None,
                 "rss_mb_max": max(rss, default=None),
@@ -558,6 +579,8 @@ def summary_md(report: dict[str, Any]) -> str:
         f"| lost tokens | {t['lost_tokens']} |",
         f"| duplicated text | {t['duplicated_text']} |",
         f"| served by 2+ backends | {t['moved']} |",
+        f"| request seconds p50 / p99 / max | {t['seconds_p50']} / {t['seconds_p99']} "
+        f"/ {t['seconds_max']} |",
         f"| still running at the end | {t['cut_off_at_end']} |",
         f"| proxy RSS first / max / last (MB) | {mb(t['rss_mb_first'])} / {mb(t['rss_mb_max'])} "
         f"/ {mb(t['rss_mb_last'])} |",
@@ -576,13 +599,13 @@ def summary_md(report: dict[str, Any]) -> str:
             for f in report["faults"]
         ),
         "",
-        "Per window: requests completed whole, client-visible errors, lost tokens, requests the",
-        "client saw served by 2+ backends, and the proxy's counted moves (outcome ok), retries",
-        "and passive ejections over the window:",
+        "Per window (by the time each request ended): requests completed whole, client-visible",
+        "errors, lost tokens, requests the client saw served by 2+ backends, request durations,",
+        "and the proxy's counted moves (outcome ok), retries and passive ejections:",
         "",
-        "| window (s) | completed | errors | lost tokens | moved | proxy moves / retries "
-        "/ ejections | RSS max (MB) | faults |",
-        "|---:|---:|---|---:|---:|---|---:|---|",
+        "| window (s) | completed | errors | lost tokens | moved | seconds p99 / max "
+        "| proxy moves / retries / ejections | RSS max (MB) | faults |",
+        "|---:|---:|---|---:|---:|---|---|---:|---|",
     ]
     for w in report["windows"]:
         moves, retries, ejections = (
@@ -595,7 +618,8 @@ def summary_md(report: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {w['start_s']:g} | {w['completed']} | {w['errors'] or ''} | {w['lost_tokens']} "
-            f"| {w['moved']} | {moves:g} / {retries:g} / {ejections:g} | {mb(w['rss_mb_max'])} "
+            f"| {w['moved']} | {w['seconds_p99']} / {w['seconds_max']} "
+            f"| {moves:g} / {retries:g} / {ejections:g} | {mb(w['rss_mb_max'])} "
             f"| {', '.join(w['faults'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -692,7 +716,8 @@ def main() -> None:
     print(
         f"\n{t['requests_ended']} requests ended: {t['completed']} whole, {t['client_errors']} "
         f"errors {t['errors_by_kind'] or ''}, lost tokens {t['lost_tokens']}, duplicated text "
-        f"{t['duplicated_text']}, moved {t['moved']}, cut off at the end {t['cut_off_at_end']}; "
+        f"{t['duplicated_text']}, moved {t['moved']}, cut off at the end {t['cut_off_at_end']}, "
+        f"request seconds p50 {t['seconds_p50']} p99 {t['seconds_p99']} max {t['seconds_max']}; "
         f"proxy RSS {t['rss_mb_first'] or 0:.0f} MB first, {t['rss_mb_max'] or 0:.0f} MB max"
     )
     print(f"proxy counters: {t['proxy_counters']}")
