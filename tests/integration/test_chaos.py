@@ -149,21 +149,28 @@ async def one_request(
     return out
 
 
+def _problem(a: Answer, reference: str) -> str:
+    """What the client saw go wrong with one request, "" when nothing did."""
+    if a.error:
+        return a.error
+    if a.status != 200:
+        return f"HTTP {a.status}"
+    if a.done != 1:
+        return f"{a.done} [DONE] events"
+    if a.completion_tokens != TOKENS:
+        return f"{a.completion_tokens} completion tokens, asked {TOKENS}"
+    if a.text != reference:
+        return f"text differs from the reference ({len(a.text)} chars): {a.text[:80]!r}"
+    if len(a.ids) != 1:
+        return f"{len(a.ids)} response ids"
+    return ""
+
+
 def problems(answers: list[Answer], refs: dict[tuple[str, int], str]) -> list[str]:
-    """Everything a client saw go wrong, one line per request."""
+    """Everything the clients saw go wrong, one line per request."""
     out = []
     for a in answers:
-        what = a.error
-        if not what and a.status != 200:
-            what = f"HTTP {a.status}"
-        elif not what and a.done != 1:
-            what = f"{a.done} [DONE] events"
-        elif not what and a.completion_tokens != TOKENS:
-            what = f"{a.completion_tokens} completion tokens, asked {TOKENS}"
-        elif not what and a.text != refs[(a.path, a.prompt)]:
-            what = f"text differs from the reference ({len(a.text)} chars): {a.text[:80]!r}"
-        elif not what and len(a.ids) != 1:
-            what = f"{len(a.ids)} response ids"
+        what = _problem(a, refs[(a.path, a.prompt)])
         if what:
             out.append(f"{a.kind} (legs {a.legs}, {a.seconds:.1f} s): {what}")
     return out
