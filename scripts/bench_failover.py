@@ -28,70 +28,17 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 import orjson
+from localproc import ROOT, free_ports, process, wait_http  # scripts/ is on sys.path
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "sim-llama-8b"
-
-
-def free_ports(n: int) -> list[int]:
-    """n consecutive free ports (the simulator takes a base port)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        ok = True
-        for p in range(base, base + n + 1):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return list(range(base, base + n + 1))
-    raise RuntimeError("no run of free ports")
-
-
-@contextlib.contextmanager
-def process(
-    cmd: list[str], log: Path, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-
-
-def wait_http(url: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} never answered 200")
 
 
 @dataclass
@@ -218,7 +165,7 @@ async def run(args: argparse.Namespace, out_dir: Path) -> dict[str, object]:
             cmd += ["--backend", f"http://127.0.0.1:{p}"]
         # The receipts tell moved streams from the others.
         debug = {**os.environ, "FLEET_PROXY_DEBUG_RECEIPTS": "true"}
-        stack.enter_context(process(cmd, out_dir / "proxy.log", debug))
+        stack.enter_context(process(cmd, out_dir / "proxy.log", env=debug))
         url = f"http://127.0.0.1:{proxy_port}"
         wait_http(url + "/ready")
         victim = f"http://127.0.0.1:{engines[1]}"

@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-slowdown", type=float, help="multiply every step's duration")
     f.add_argument("--fault-hang", action="store_true", help="accept but never answer")
     f.add_argument(
+        "--fault-stall-generation",
+        action="store_true",
+        help="accept generation requests but never answer them; /health and /metrics answer",
+    )
+    f.add_argument(
         "--fault-die-after-tokens",
         type=int,
         help="crash once a request has produced this many tokens",
@@ -75,6 +80,7 @@ def _fault_update(args: argparse.Namespace) -> dict[str, object]:
         "error_rate": args.fault_error_rate,
         "slowdown": args.fault_slowdown,
         "hang": True if args.fault_hang else None,
+        "stall_generation": True if args.fault_stall_generation else None,
         "die_after_tokens": args.fault_die_after_tokens,
         "cut_stream_after_tokens": args.fault_cut_stream_after_tokens,
         "recover_after_s": args.fault_recover_after,

@@ -173,7 +173,7 @@ class Engine:
 
     async def _run(self) -> None:
         while True:
-            await self._wait_unhung()
+            await self._wait_generating()
             core = self.core
             core.slowdown = self.faults.settings.slowdown
             real = self.time.now()
@@ -205,13 +205,13 @@ class Engine:
             self.step_seconds += step.duration
             await self.time.sleep_until(end)
             self._advance(step.duration)
-            await self._wait_unhung()  # a hang that began mid-step holds its result
+            await self._wait_generating()  # a hang or stall that began mid-step holds its result
             if core is self.core:  # not reset (crash) while the step ran
                 core.finish_step(step, end)
 
-    async def _wait_unhung(self) -> None:
-        if not self.faults.unhung.is_set():
-            await self.faults.unhung.wait()
+    async def _wait_generating(self) -> None:
+        if not self.faults.generating.is_set():
+            await self.faults.generating.wait()
             self._virtual = self._real_mark = None  # resume on real time; a hang is no lag
 
     def behind(self) -> float:

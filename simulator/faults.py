@@ -3,6 +3,10 @@
 - `crash`: the engine stops answering: its port refuses connections and open ones are cut;
   `recover_after_s` (real seconds) brings it back as a freshly started engine.
 - `hang`: connections are accepted but nothing is answered and running streams stall.
+- `stall_generation`: generation requests (`/v1/completions`, `/v1/chat/completions`) are
+  accepted and never answered and running requests stall, while `/health`, `/metrics`,
+  `/v1/models` and the rest answer as usual (an engine core that stopped stepping behind a
+  live API server).
 - `error_rate`: that fraction of completion requests is answered 500 (a seeded RNG, so a
   test sees the same sequence every run).
 - `slowdown`: every engine step takes this many times longer.
@@ -25,6 +29,7 @@ class FaultSettings:
     crash: bool = False
     recover_after_s: float | None = None
     hang: bool = False
+    stall_generation: bool = False
     error_rate: float = 0.0
     slowdown: float = 1.0
     die_after_tokens: int | None = None
@@ -46,7 +51,7 @@ def parse_fault_update(body: Any) -> dict[str, Any]:
         raise ValueError(f"unknown fault fields: {sorted(unknown)}; known: {sorted(_FIELDS)}")
     out: dict[str, Any] = {}
     for key, value in body.items():
-        if key in ("crash", "hang"):
+        if key in ("crash", "hang", "stall_generation"):
             if not isinstance(value, bool):
                 raise ValueError(f"{key} must be true or false")
         elif key in ("die_after_tokens", "cut_stream_after_tokens"):
@@ -74,18 +79,25 @@ class FaultState:
 
     settings: FaultSettings = field(default_factory=FaultSettings)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    # Set unless `hang`: every endpoint but the admin ones waits on it.
     unhung: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set unless `hang` or `stall_generation`: the step loop and new generation requests
+    # wait on it.
+    generating: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.unhung.set()
+        self.generating.set()
 
     def apply(self, update: dict[str, Any]) -> None:
         for key, value in update.items():
             setattr(self.settings, key, value)
-        if self.settings.hang:
-            self.unhung.clear()
-        else:
-            self.unhung.set()
+        s = self.settings
+        for event, held in ((self.unhung, s.hang), (self.generating, s.hang or s.stall_generation)):
+            if held:
+                event.clear()
+            else:
+                event.set()
 
     def should_error(self) -> bool:
         rate = self.settings.error_rate

@@ -303,6 +303,7 @@ class EngineServer:
         self.engine.faults.apply(
             {
                 "hang": False,
+                "stall_generation": False,
                 "error_rate": 0.0,
                 "slowdown": 1.0,
                 "die_after_tokens": None,
@@ -362,6 +363,15 @@ class EngineServer:
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         engine = self.engine
+        generating = engine.faults.generating
+        if not generating.is_set():
+            # Accepted, then no answer at all (not even its head) until the stall ends; it
+            # counts as in flight meanwhile, as on an engine whose core stopped stepping.
+            self.in_flight += 1
+            try:
+                await generating.wait()
+            finally:
+                self.in_flight -= 1
         try:
             body = await self._read_json(request)
             p = parse_request(

@@ -130,3 +130,46 @@ async def test_cut_stream_after_tokens_keeps_the_engine_up(
     await eventually(lambda: not server.engine.core.requests)
     assert server.engine.core.counters.finished.get("abort") == 1
     assert await _healthy(http, server.url)
+
+
+async def test_stall_generation_answers_everything_but_generation(
+    fleet: SimFleet, http: aiohttp.ClientSession
+):
+    server = fleet.engines[0]
+    url = server.url
+    async with http.post(url + "/v1/completions", json={**LONG, "stream": True}) as running:
+        assert running.status == 200
+        await running.content.readline()  # tokens flow
+        status, body = await post_json(http, url + "/_sim/faults", {"stall_generation": True})
+        assert status == 200 and body["stall_generation"] is True and body["hang"] is False
+        # Whatever was written before the stall drains; then the stream is silent.
+        with pytest.raises(TimeoutError):
+            while True:
+                await asyncio.wait_for(running.content.readline(), 0.3)
+        tokens = server.engine.core.counters.generation_tokens
+        new_stream = asyncio.ensure_future(
+            http.post(url + "/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8, "ignore_eos": True, "stream": True,
+            })
+        )  # fmt: skip
+        new_plain = asyncio.ensure_future(post_json(http, url + "/v1/completions", LONG))
+        await eventually(lambda: server.in_flight == 3)  # accepted, both waiting
+        for path in ("/health", "/metrics", "/v1/models", "/load"):
+            async with http.get(url + path, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                assert r.status == 200, path
+                if path == "/load":
+                    assert (await r.json())["server_load"] == 3
+        await asyncio.sleep(0.3)
+        assert not new_stream.done() and not new_plain.done()  # not even a response head
+        assert server.engine.core.counters.generation_tokens == tokens
+        async with http.delete(url + "/_sim/faults") as r:
+            assert (await r.json())["stall_generation"] is False
+        chunks, done = await read_sse(running)
+        assert done and chunks
+    async with await new_stream as r:
+        assert r.status == 200
+        chunks, done = await read_sse(r)
+        assert done
+    status, body = await new_plain
+    assert status == 200 and body["usage"]["completion_tokens"] == LONG["max_tokens"]

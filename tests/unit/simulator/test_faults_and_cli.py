@@ -1,6 +1,6 @@
 import pytest
 
-from simulator.cli import build_parser, main
+from simulator.cli import _fault_update, build_parser, main
 from simulator.faults import FaultState, parse_fault_update
 from simulator.profiles import available_profiles, load_profile
 
@@ -11,6 +11,7 @@ from simulator.profiles import available_profiles, load_profile
         {"error_rate": 2},
         {"slowdown": 0},
         {"hang": "yes"},
+        {"stall_generation": 1},
         {"die_after_tokens": 0},
         {"bogus": 1},
         [1],
@@ -32,6 +33,23 @@ def test_error_rate_is_reproducible_and_hang_gates_waiters() -> None:
     assert not a.unhung.is_set()
     a.apply({"hang": False})
     assert a.unhung.is_set()
+
+
+def test_stall_generation_gates_generation_only() -> None:
+    f = FaultState()
+    f.apply({"stall_generation": True})
+    assert f.unhung.is_set() and not f.generating.is_set()
+    f.apply({"hang": True})
+    f.apply({"stall_generation": False})
+    assert not f.generating.is_set()  # the hang still holds generation
+    f.apply({"hang": False})
+    assert f.unhung.is_set() and f.generating.is_set()
+
+
+def test_cli_fault_flags_make_one_update() -> None:
+    args = build_parser().parse_args(["--fault-stall-generation", "--fault-error-rate", "0.5"])
+    assert _fault_update(args) == {"stall_generation": True, "error_rate": 0.5}
+    assert _fault_update(build_parser().parse_args([])) == {}
 
 
 def test_stream_limit_is_the_smaller_cut() -> None:

@@ -1,0 +1,80 @@
+"""Child processes of the benchmark scripts: free loopback ports, a process stopped by its PID
+when its block ends, and a wait for an HTTP endpoint to answer 200."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_ports(n: int) -> list[int]:
+    """n + 1 consecutive free ports (the simulator takes a base port)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + n > 65535:
+            continue
+        ok = True
+        for p in range(base, base + n + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return list(range(base, base + n + 1))
+    raise RuntimeError("no run of free ports")
+
+
+@contextlib.contextmanager
+def process(
+    cmd: list[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    own_session: bool = False,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `cmd` (output to `log`) for the block; then SIGTERM it by its PID, SIGKILL if it
+    is still there after 15 s. `own_session`: a Ctrl-C in the terminal reaches only this
+    script, which then stops the process itself, in its own order."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **env} if env else None,
+            start_new_session=own_session,
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def wait_http(url: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} never answered 200")
