@@ -112,7 +112,9 @@ class Scraper:
         healthy = ok or (backend.healthy and failures < self.unhealthy_after)
         if healthy != backend.healthy:
             log.warning("backend %s is now %s", backend.id, "healthy" if healthy else "unhealthy")
-        went_down = backend.healthy and not healthy
+        # Told when the checks cross the threshold, even if a request had already taken the
+        # backend out (passive ejection): its other requests must still leave it.
+        went_down = not ok and failures == self.unhealthy_after
         backend.healthy = healthy
         if went_down and self._on_down is not None:
             self._on_down(backend)

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -164,7 +163,7 @@ async def run(args: argparse.Namespace, out_dir: Path) -> dict[str, object]:
         for p in engines:
             cmd += ["--backend", f"http://127.0.0.1:{p}"]
         # The receipts tell moved streams from the others.
-        debug = {**os.environ, "FLEET_PROXY_DEBUG_RECEIPTS": "true"}
+        debug = {"FLEET_PROXY_DEBUG_RECEIPTS": "true"}
         stack.enter_context(process(cmd, out_dir / "proxy.log", env=debug))
         url = f"http://127.0.0.1:{proxy_port}"
         wait_http(url + "/ready")

@@ -631,7 +631,8 @@ async def main_async(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     engines = [f"http://127.0.0.1:{p}" for p in engine_ports]
     schedule = parse_schedule(args.schedule, args.minutes * 60, args.engines)
     py = sys.executable
-    env = {}
+    # The legs note (x-fleet-debug) tells moved streams from the others.
+    env = {"FLEET_PROXY_DEBUG_RECEIPTS": "true"}
     for item in args.proxy_setting:
         key, _, value = item.partition("=")
         env[f"FLEET_PROXY_{key.upper()}"] = value

@@ -256,6 +256,7 @@ async def chaos(
         read_timeout=60.0,
         scrape_timeout=0.3,
         connect_timeout=1.0,
+        debug_receipts=True,  # the legs note tells moved requests from the others
         **settings,
     )
     victim = f.engines[VICTIM]
@@ -328,12 +329,6 @@ async def test_an_engine_killed_under_load(fleet: SimFleet, assembled: bool) -> 
     assert moved_ok(run) >= 1, run.report()
 
 
-@pytest.mark.xfail(
-    reason="needs outcome-based ejection: when a stalled stream ejects the hung engine before "
-    "its health checks fail, they never report it down, and the non-streamed requests waiting "
-    "there wait out read_timeout (see the last test)",
-    strict=False,
-)
 async def test_an_engine_hung_under_load(fleet: SimFleet) -> None:
     run = await chaos(fleet, {"hang": True}, clear={"hang": False})
     assert problems(run.answers, run.refs) == [], run.report()
@@ -348,7 +343,6 @@ async def test_an_engine_answering_500_to_everything(fleet: SimFleet) -> None:
     assert errors >= 1, run.report()
 
 
-@pytest.mark.xfail(reason="needs outcome-based ejection", strict=False)
 async def test_an_engine_whose_generation_stalls_while_health_answers(fleet: SimFleet) -> None:
     run = await chaos(fleet, {"stall_generation": True}, clear={"stall_generation": False})
     assert problems(run.answers, run.refs) == [], run.report()
@@ -367,11 +361,6 @@ async def test_an_engine_cutting_every_stream(fleet: SimFleet, assembled: bool) 
     assert moved_ok(run) >= 1, run.report()
 
 
-@pytest.mark.xfail(
-    reason="a backend already ejected by a stall is not reported down by its failing health "
-    "checks, so requests waiting on it for their first byte wait out read_timeout",
-    strict=False,
-)
 async def test_a_stall_then_failed_health_checks_free_the_requests_waiting_there(
     fleet: SimFleet,
 ) -> None:
@@ -380,7 +369,12 @@ async def test_a_stall_then_failed_health_checks_free_the_requests_waiting_there
     checks find it down, as it does when no stall came first."""
     backends = [{"url": u, "id": f"e{i}"} for i, u in enumerate(fleet.urls[:2])]
     config = fast_settings(
-        backends, policy="round_robin", stall_timeout=0.2, scrape_timeout=0.5, read_timeout=60
+        backends,
+        policy="round_robin",
+        stall_timeout=0.2,
+        scrape_timeout=0.5,
+        read_timeout=60,
+        outlier_detection=False,  # the health checks alone must free the waiting requests
     )
     victim_id = ""
     async with running_proxy(config) as (url, app), httpx.AsyncClient(timeout=30) as client:
