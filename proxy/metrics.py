@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -98,6 +98,20 @@ class RouterMetrics:
             "Backends taken out of routing by what a request saw (mid_stream, stalled) until "
             "their next passing health check",
             ["backend", "reason"],
+            registry=registry,
+        )
+        self.client_refused = Counter(
+            "fleet_proxy_client_connections_refused",
+            "Client connections the proxy's HTTP server refused and closed, by reason: "
+            "header_too_large, too_many_headers (431), header_timeout, body_timeout (408; a "
+            "connection that never sent a byte gets no answer), body_too_large (413), "
+            "connection_limit (503), bad_request (400)",
+            ["reason"],
+            registry=registry,
+        )
+        self.client_connections = Gauge(
+            "fleet_proxy_client_connections",
+            "Client connections open to this serving process",
             registry=registry,
         )
         # labels() locks and hashes on every call: keep the bound children.
