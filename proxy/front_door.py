@@ -216,6 +216,10 @@ def front_door_protocol(limits: FrontDoorLimits, stats: FrontDoorStats) -> type[
             self._head_bytes = 0
             # Bytes read since (the read after) its head ended, while not _reading_head.
             self._body_bytes = 0
+            self._read_len = 0  # of the read being parsed
+            # Bytes of the next head that _head_bytes may miss: it may have begun in the read
+            # in which the last request ended, counted as that request's.
+            self._head_slack = 0
             self._head_timer: asyncio.TimerHandle | None = None
             self._body_timer: asyncio.TimerHandle | None = None
             self._stopped = False  # refused: what else arrives is ignored
@@ -253,10 +257,11 @@ def front_door_protocol(limits: FrontDoorLimits, stats: FrontDoorStats) -> type[
             if self._stopped:
                 return
             self._unset_keepalive_if_required()
+            n = self._read_len = len(data)
             if self._reading_head:
-                self._head_bytes += len(data)
+                self._head_bytes += n
             else:
-                self._body_bytes += len(data)
+                self._body_bytes += n
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserUpgrade:
@@ -292,9 +297,9 @@ def front_door_protocol(limits: FrontDoorLimits, stats: FrontDoorStats) -> type[
             if len(self.headers) > max_header_count:
                 raise _Refusal(431, "too_many_headers", too_many_headers)
             size = self._head_bytes
-            if size == 0 or size > max_header_bytes:
-                # Not known to fit (the head began inside a read, or its reads ran over the
-                # limit, a body perhaps with them): measure the head itself.
+            if size == 0 or size + self._head_slack > max_header_bytes:
+                # Not known to fit (the head began inside a read, or its reads, a body perhaps
+                # with them, may run over the limit): measure the head itself.
                 size = len(self.url) + _REQUEST_LINE_EXTRA
                 for name, value in self.headers:
                     size += len(name) + len(value) + 4
@@ -302,6 +307,7 @@ def front_door_protocol(limits: FrontDoorLimits, stats: FrontDoorStats) -> type[
                     raise _Refusal(431, "header_too_large", header_too_large)
             self._reading_head = False
             self._head_bytes = 0
+            self._head_slack = 0
             self._body_bytes = 0
             if self._head_timer is not None:
                 self._head_timer.cancel()
@@ -311,6 +317,7 @@ def front_door_protocol(limits: FrontDoorLimits, stats: FrontDoorStats) -> type[
         def on_message_complete(self) -> None:
             base_message_complete(self)
             self._reading_head = True
+            self._head_slack = self._read_len
             if self._body_timer is not None:
                 self._body_timer.cancel()
                 self._body_timer = None

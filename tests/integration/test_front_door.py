@@ -242,6 +242,24 @@ async def test_large_head_in_one_read_gets_431(backend, pipelined):
         assert refused(app, "header_too_large") == 1
 
 
+async def test_large_head_begun_in_the_read_that_ended_a_request_gets_431(backend):
+    settings = fast_settings([backend.url], client_max_header_bytes=4096)
+    async with running_proxy(settings) as (url, app):
+        raw = await RawClient.connect(url)
+        try:
+            big = request("GET", "/health", b"", *[f"x-h{i}: {'v' * 90}" for i in range(60)])
+            # One request and 3,000 bytes of the next in one write, the rest once the first
+            # is answered: each part under the limit, the head over it.
+            await raw.send(request("GET", "/health") + big[:3000])
+            assert (await raw.response()).status == 200
+            await raw.send(big[3000:])
+            responses = await raw.until_closed()
+        finally:
+            raw.close()
+        assert [r.status for r in responses] == [200, 431]
+        assert refused(app, "header_too_large") == 1
+
+
 async def test_headers_dribbled_get_408_after_the_header_timeout(backend):
     settings = fast_settings([backend.url], client_header_timeout=1.0)
     async with running_proxy(settings) as (url, app):
