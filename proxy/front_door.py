@@ -10,6 +10,8 @@ protocol class made here adds:
   that never ends is refused once the limit is passed rather than buffered;
 - a header timeout from connection open (or from a keep-alive request's first byte) to the end
   of the headers, and a body timeout from there to the end of the body: 408;
+- a cap on the bytes after a request's headers (body, chunked framing, trailers) on every
+  route, at twice `max_body_bytes` plus `client_max_header_bytes`: 413;
 - a cap on open connections per serving process: one over it gets 503 at once and is closed;
 - parser errors answered 400;
 all in the OpenAI error shape, each closing the connection and counted in
