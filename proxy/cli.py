@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -87,6 +88,7 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
 
     from policies.registry import UnknownPolicy
     from proxy.app import create_app
+    from proxy.front_door import fit_open_files, uvicorn_config
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -108,21 +110,12 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
 
         return run_workers(settings, lambda port: banner(settings, port, model))
     print(banner(settings, settings.port, model), flush=True)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.log_level,
-        backlog=4096,
-        # The proxy does not use the client address, so X-Forwarded-* parsing is wasted work
-        # on every request; and it does not advertise its server software.
-        proxy_headers=False,
-        server_header=False,
-    )
-    return 0
+    fit_open_files(settings.client_max_connections)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    # As uvicorn.run: 3 when the app or the socket failed at start-up.
+    return 0 if server.started else 3
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -110,6 +110,20 @@ class RouterMetrics:
         )
         # Label values in use per backend, so that a removed backend's series go with it.
         self._backend_series: dict[str, set[tuple[Counter, tuple[str, str]]]] = {}
+        self.client_refused = Counter(
+            "fleet_proxy_client_connections_refused",
+            "Client connections the proxy's HTTP server refused and closed, by reason: "
+            "header_too_large, too_many_headers (431), header_timeout, body_timeout (408; a "
+            "connection that never sent a byte gets no answer), body_too_large (413), "
+            "connection_limit (503), bad_request (400)",
+            ["reason"],
+            registry=registry,
+        )
+        self.client_connections = Gauge(
+            "fleet_proxy_client_connections",
+            "Client connections open to this serving process",
+            registry=registry,
+        )
         # labels() locks and hashes on every call: keep the bound children.
         self._request_children: dict[tuple[str, int], Callable[[], None]] = {}
         self._ttft_children: dict[str, Callable[[float], None]] = {}

@@ -188,6 +188,36 @@ class Settings(BaseSettings):
     # ("shared", where one worker may take a whole burst of connections): docs/performance.md.
     worker_listen: Literal["shared", "reuseport"] = "reuseport"
 
+    # The client-facing HTTP server's limits (proxy/front_door.py, docs/reliability.md).
+    client_max_connections: int = Field(
+        8192, ge=1, description="open client connections per serving process; more get 503"
+    )
+    client_max_header_count: int = Field(
+        100, ge=1, description="headers in one request; more get 431"
+    )
+    client_max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="bytes of a request line and its headers; more get 431"
+    )
+    client_header_timeout: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds from connection open, or a keep-alive request's first byte, to "
+        "the end of the headers; then 408",
+    )
+    client_body_timeout: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds from the end of the headers to the end of the body; then 408",
+    )
+    client_keep_alive_timeout: float = Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds an idle client connection is kept open between requests",
+    )
+
     @field_validator("backends", mode="before")
     @classmethod
     def _urls_as_backends(cls, v: Any) -> Any:

@@ -40,10 +40,10 @@ from types import FrameType
 from typing import Any, Literal
 
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
+from proxy.front_door import BACKLOG, fit_open_files, uvicorn_config
 from proxy.peer_sync import WorkerSeat
 from proxy.settings import Settings
 
-BACKLOG = 4096
 # How long stopped workers may take to finish their requests before they are killed.
 STOP_GRACE_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
@@ -118,17 +118,8 @@ def worker_main(
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app = create_app(settings, seat=seat)
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        log_level=settings.log_level,
-        backlog=BACKLOG,
-        proxy_headers=False,
-        server_header=False,
-    )
-    server = uvicorn.Server(config)
+    fit_open_files(settings.client_max_connections)
+    server = uvicorn.Server(uvicorn_config(app, settings))
     server.run(sockets=[listen.worker_socket()])
     if not server.started:
         sys.exit(3)  # as uvicorn's own CLI: the app or the socket failed at start-up

@@ -11,6 +11,7 @@ import httpx
 import uvicorn
 
 from proxy.app import FleetProxyApp, create_app
+from proxy.front_door import uvicorn_config
 from proxy.settings import Settings, load_settings
 
 
@@ -30,15 +31,9 @@ async def running_proxy(
     settings: Settings, *, wait_ready: bool = True
 ) -> AsyncIterator[tuple[str, FleetProxyApp]]:
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        loop="none",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
+    # The serving configuration of `fleet-proxy serve`, on a free port in the test's loop.
+    config = uvicorn_config(
+        app, settings, host="127.0.0.1", port=0, loop="none", log_level="warning", lifespan="on"
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
