@@ -50,6 +50,19 @@ _DROP_REQUEST_HEADERS = frozenset(
         b"x-fleet-debug",
     }
 )
+# Fields that take one value. A client's repeated one reaches backends once, as the proxy read
+# it (the last): some servers refuse a request that repeats them.
+_SINGLE_VALUED_REQUEST_HEADERS = frozenset(
+    {
+        b"content-type",
+        b"content-location",
+        b"content-range",
+        b"etag",
+        b"max-forwards",
+        b"server",
+        b"user-agent",
+    }
+)
 # A request still running after this long starts watching for its client leaving.
 WATCH_AFTER_S = 0.05
 
@@ -92,9 +105,12 @@ class Forwarder:
         arrived = time.perf_counter()
         # One pass over the headers: all of them for routing, the end-to-end ones for upstream.
         headers: dict[str, str] = {}
-        upstream: list[tuple[bytes, bytes]] = []  # sent as the client sent them
+        upstream: list[tuple[bytes, bytes]] = []  # as the client sent them, in order
         for k, v in scope["headers"]:
-            headers[k.decode("latin-1")] = v.decode("latin-1")
+            name = k.decode("latin-1")
+            if name in headers and k in _SINGLE_VALUED_REQUEST_HEADERS:
+                upstream = [h for h in upstream if h[0] != k]
+            headers[name] = v.decode("latin-1")
             if k not in _DROP_REQUEST_HEADERS:
                 upstream.append((k, v))
         request_id = headers.get("x-request-id") or os.urandom(16).hex()

@@ -48,6 +48,25 @@ async def test_completion_passes_body_untouched_and_tags_response(two_backends):
         assert seen.headers["x-request-id"] == "abc-1"
 
 
+async def test_a_repeated_single_valued_header_reaches_the_backend_once(two_backends):
+    """Backends on aiohttp (or behind a gateway that checks) refuse a request repeating
+    content-type or user-agent: the proxy sends the value it read itself, the last."""
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        headers = [
+            ("content-type", "text/plain"),
+            ("user-agent", "a"),
+            ("content-type", "application/json"),
+            ("user-agent", "b"),
+        ]
+        body = b'{"model": "fake-model", "prompt": "x"}'
+        r = await c.post("/v1/completions", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        seen = next(b.seen[-1] for b in two_backends if b.seen)
+        assert seen.headers["content-type"] == "application/json"
+        assert seen.headers["user-agent"] == "b"
+
+
 async def test_a_backend_url_with_a_path_prefix_keeps_it():
     """A backend behind a path-routing gateway: scrapes and forwarded requests keep its prefix."""
     gated = FakeBackend(prefix="/pool-a/vllm")
