@@ -48,6 +48,12 @@ _DROP_REQUEST_HEADERS = frozenset(
         b"proxy-connection",
         b"x-request-id",
         b"x-fleet-debug",
+        # The body sent on is the JSON the proxy parsed (an encoded one would not have parsed),
+        # rewritten at times: a backend that decodes by this header would fail on it.
+        b"content-encoding",
+        # Settled with the client (uvicorn answers 100-continue) before the proxy reads the
+        # body; a backend would only answer an expectation it does not know with 417.
+        b"expect",
     }
 )
 # Fields that take one value. A client's repeated one reaches backends once, as the proxy read
