@@ -76,6 +76,27 @@ async def test_bad_input_gets_openai_shaped_4xx(backend, path, content, status, 
         assert backend.seen == []
 
 
+@pytest.mark.parametrize(
+    ("extra", "settings"),
+    [
+        # Each makes the proxy write the body out again, which orjson cannot past 254 levels.
+        (b'"stream": false', {"assemble_non_streamed": True}),
+        (b'"stream": true, "return_token_ids": false', {}),
+    ],
+)
+async def test_a_body_nested_too_deep_is_a_400_not_an_internal_error(backend, extra, settings):
+    deep = b"[" * 300 + b"]" * 300
+    content = b'{"model": "fake-model", "prompt": "x", "user": ' + deep + b", " + extra + b"}"
+    async with (
+        running_proxy(fast_settings([backend.url], **settings)) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        r = await c.post("/v1/completions", content=content)
+        assert r.status_code == 400, r.text
+        assert "nests deeper than" in r.json()["error"]["message"]
+        assert backend.seen == []
+
+
 async def test_body_over_limit_is_413(backend):
     settings = fast_settings([backend.url], max_body_bytes=1000)
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
