@@ -339,3 +339,27 @@ async def test_a_backend_removed_and_added_again_at_once_is_scraped(backend):
         assert view["routable"], view
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 200
+
+
+async def test_the_openapi_schema_describes_admin_refusals_as_they_are_answered(backend):
+    """FastAPI would document a 422 in its own shape; the admin API answers 4xx in the OpenAI
+    shape, and a migrate that does not move answers 409 with its outcome."""
+    settings = fast_settings([backend.url], admin_token="s3cret")
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
+        schema = app.control.openapi()
+        for path, operations in schema["paths"].items():
+            if not path.startswith("/admin/"):
+                continue
+            for operation in operations.values():
+                assert "422" not in operation["responses"], path
+                refused = operation["responses"]["4XX"]["content"]["application/json"]
+                assert refused["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+        migrate = schema["paths"]["/admin/requests/{request_id}/migrate"]["post"]["responses"]
+        assert migrate["409"]["content"]["application/json"]["schema"] == {"type": "object"}
+        error = schema["components"]["schemas"]["ErrorDetail"]
+        assert set(error["required"]) == {"message", "type", "param", "code"}
+
+        r = await c.post("/admin/backends", json={"url": 5}, headers={"x-admin-token": "s3cret"})
+        assert r.status_code == 400
+        assert set(r.json()) == {"error"}
+        assert set(r.json()["error"]) == set(error["required"])
