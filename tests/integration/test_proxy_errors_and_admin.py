@@ -97,6 +97,20 @@ async def test_a_body_nested_too_deep_is_a_400_not_an_internal_error(backend, ex
         assert backend.seen == []
 
 
+async def test_unknown_fields_count_under_one_not_movable_label(backend):
+    """Field names are the client's to make up: one metric series for all of them."""
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        for name in ("frobnicate", "zzé", "x" * 200):
+            body = {"model": "fake-model", "prompt": "x", "stream": True, name: 1}
+            assert (await c.post("/v1/completions", json=body)).status_code == 200
+        metrics = (await c.get("/metrics")).text
+        assert 'fleet_proxy_requests_not_movable_total{reason="unknown_field"} 3.0' in metrics
+        assert "frobnicate" not in metrics
+
+
 async def test_body_over_limit_is_413(backend):
     settings = fast_settings([backend.url], max_body_bytes=1000)
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
