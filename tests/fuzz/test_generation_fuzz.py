@@ -8,6 +8,7 @@ The real proxy on a loopback port in front of a simulated vLLM engine, driven ov
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from hypothesis import event, given, note
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fuzz.checks import assert_proxy_answer
 from tests.fuzz.live import MODEL, REQUEST_TIMEOUT_S, LiveProxy, fuzz_settings, live_proxy
@@ -262,3 +264,13 @@ def test_the_proxy_still_serves_after_the_fuzz(client: httpx.Client, live: LiveP
         return len(live.app.core.live)
 
     assert live.run(live_requests()) == 0
+    # Label values come from the proxy's own vocabulary, never from what clients sent: else
+    # each odd request would add a series for good.
+    metrics = client.get("/metrics").text
+    for family in text_string_to_metric_families(metrics):
+        if not family.name.startswith("fleet_proxy_"):
+            continue
+        for sample in family.samples:
+            for name, value in sample.labels.items():
+                if name not in ("backend", "le", "worker", "workers"):
+                    assert re.fullmatch(r"[a-z0-9_/]+", value), (sample.name, name, value)
