@@ -27,6 +27,7 @@ from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
 from proxy.core import ProxyCore
+from proxy.errors import ErrorBody
 from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
 from proxy.settings import BackendConfig
@@ -104,7 +105,11 @@ def admin_router(
         ):
             raise HTTPException(status_code=401, detail="admin token missing or wrong")
 
-    router = APIRouter(prefix="/admin", dependencies=[Depends(check_token)])
+    # Refusals answer in the OpenAI shape (the app's exception handlers), never FastAPI's 422.
+    errors: dict[int | str, dict[str, Any]] = {
+        "4XX": {"model": ErrorBody, "description": "An OpenAI-shaped error"}
+    }
+    router = APIRouter(prefix="/admin", dependencies=[Depends(check_token)], responses=errors)
 
     def view(b: Backend) -> dict[str, Any]:
         ejection = core.ejection.detector.state(b.id)
@@ -200,7 +205,15 @@ def admin_router(
             return {"request_id": entry.request_id, "outcome": "pending", "detail": "still moving"}
         return {"request_id": entry.request_id, **asdict(result)}
 
-    @router.post("/requests/{request_id}/migrate")
+    @router.post(
+        "/requests/{request_id}/migrate",
+        responses={
+            409: {
+                "description": "The request did not move: its outcome and why",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    )
     async def migrate(request_id: str, order: MoveOrderBody | None = None) -> JSONResponse:
         """Move a running request to another backend (`to`, else the policy's choice),
         continuing its stream from the last token its client received."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+from pydantic import BaseModel
 
 
 class ProxyError(Exception):
@@ -35,3 +36,16 @@ def error_body(message: str, type: str, param: str | None, code: str | int | Non
 def sse_error_event(message: str, code: int = 502) -> bytes:
     """The event that ends a stream whose backend failed after the first byte."""
     return b"data: " + error_body(message, "upstream_error", None, code) + b"\n\n"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer, as the OpenAPI schema describes it."""
+
+    error: ErrorDetail

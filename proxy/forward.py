@@ -48,6 +48,25 @@ _DROP_REQUEST_HEADERS = frozenset(
         b"proxy-connection",
         b"x-request-id",
         b"x-fleet-debug",
+        # The body sent on is the JSON the proxy parsed (an encoded one would not have parsed),
+        # rewritten at times: a backend that decodes by this header would fail on it.
+        b"content-encoding",
+        # Settled with the client (uvicorn answers 100-continue) before the proxy reads the
+        # body; a backend would only answer an expectation it does not know with 417.
+        b"expect",
+    }
+)
+# Fields that take one value. A client's repeated one reaches backends once, as the proxy read
+# it (the last): some servers refuse a request that repeats them.
+_SINGLE_VALUED_REQUEST_HEADERS = frozenset(
+    {
+        b"content-type",
+        b"content-location",
+        b"content-range",
+        b"etag",
+        b"max-forwards",
+        b"server",
+        b"user-agent",
     }
 )
 # A request still running after this long starts watching for its client leaving.
@@ -93,9 +112,12 @@ class Forwarder:
         arrived = time.perf_counter()
         # One pass over the headers: all of them for routing, the end-to-end ones for upstream.
         headers: dict[str, str] = {}
-        upstream: list[tuple[bytes, bytes]] = []  # sent as the client sent them
+        upstream: list[tuple[bytes, bytes]] = []  # as the client sent them, in order
         for k, v in scope["headers"]:
-            headers[k.decode("latin-1")] = v.decode("latin-1")
+            name = k.decode("latin-1")
+            if name in headers and k in _SINGLE_VALUED_REQUEST_HEADERS:
+                upstream = [h for h in upstream if h[0] != k]
+            headers[name] = v.decode("latin-1")
             if k not in _DROP_REQUEST_HEADERS:
                 upstream.append((k, v))
         named = headers.get("connection")
@@ -142,7 +164,9 @@ class Forwarder:
         else:
             m = movability(ctx.endpoint, ctx.body)
         if not m.movable:
-            self.core.metrics.count_not_movable(m.reason)
+            # "unknown_field:NAME" counts as "unknown_field": a label per name a client makes
+            # up would grow /metrics (and the registry) without bound.
+            self.core.metrics.count_not_movable(m.reason.partition(":")[0])
         return m
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:

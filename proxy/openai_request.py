@@ -12,6 +12,10 @@ import orjson
 
 from proxy.errors import ProxyError
 
+# The proxy writes a client's body out again at times (with fields of its own added, or as a
+# continuation on another backend), and orjson writes at most 254 levels of nesting.
+MAX_NESTING = 200
+
 
 def parse_object(body: bytes) -> dict[str, Any]:
     if not body:
@@ -22,7 +26,22 @@ def parse_object(body: bytes) -> dict[str, Any]:
         raise ProxyError(400, f"The request body is not valid JSON: {e}") from None
     if not isinstance(parsed, dict):
         raise ProxyError(400, "The request body must be a JSON object.")
+    # Counting brackets is cheap; only a body with that many can nest that deep.
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING and _nests_deeper(parsed, MAX_NESTING):
+        raise ProxyError(400, f"The request body nests deeper than {MAX_NESTING} levels.")
     return parsed
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` levels deep in `value`."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = v.values() if isinstance(v, dict) else v
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def require_model(body: dict[str, Any]) -> str:

@@ -178,6 +178,8 @@ def parse_request(
     if not isinstance(stop_ids, list | tuple) or not all(isinstance(t, int) for t in stop_ids):
         raise ApiError("stop_token_ids must be a list of integers", param="stop_token_ids")
     stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise ApiError("stream_options must be an object", param="stream_options")
     stream = bool(body.get("stream", False))
     if stream_options and not stream:
         raise ApiError(

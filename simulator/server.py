@@ -382,6 +382,9 @@ class EngineServer:
         if engine.faults.should_error():
             return _json(error_body("simulated engine error", 500), 500)
         base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        # aiohttp decodes header bytes as UTF-8 (surrogates for the rest); vLLM's server reads
+        # them as latin-1, which any bytes are, so the id can go into JSON answers.
+        base = base.encode("utf-8", "surrogateescape").decode("latin-1")
         rid = response_id(kind, base)
         req = engine.new_request(rid, p.prompt_ids, p.params)
         kv = p.kv_transfer_params

@@ -76,6 +76,41 @@ async def test_bad_input_gets_openai_shaped_4xx(backend, path, content, status, 
         assert backend.seen == []
 
 
+@pytest.mark.parametrize(
+    ("extra", "settings"),
+    [
+        # Each makes the proxy write the body out again, which orjson cannot past 254 levels.
+        (b'"stream": false', {"assemble_non_streamed": True}),
+        (b'"stream": true, "return_token_ids": false', {}),
+    ],
+)
+async def test_a_body_nested_too_deep_is_a_400_not_an_internal_error(backend, extra, settings):
+    deep = b"[" * 300 + b"]" * 300
+    content = b'{"model": "fake-model", "prompt": "x", "user": ' + deep + b", " + extra + b"}"
+    async with (
+        running_proxy(fast_settings([backend.url], **settings)) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        r = await c.post("/v1/completions", content=content)
+        assert r.status_code == 400, r.text
+        assert "nests deeper than" in r.json()["error"]["message"]
+        assert backend.seen == []
+
+
+async def test_unknown_fields_count_under_one_not_movable_label(backend):
+    """Field names are the client's to make up: one metric series for all of them."""
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        for name in ("frobnicate", "zzé", "x" * 200):
+            body = {"model": "fake-model", "prompt": "x", "stream": True, name: 1}
+            assert (await c.post("/v1/completions", json=body)).status_code == 200
+        metrics = (await c.get("/metrics")).text
+        assert 'fleet_proxy_requests_not_movable_total{reason="unknown_field"} 3.0' in metrics
+        assert "frobnicate" not in metrics
+
+
 async def test_body_over_limit_is_413(backend):
     settings = fast_settings([backend.url], max_body_bytes=1000)
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
@@ -321,3 +356,27 @@ async def test_a_backend_removed_and_added_again_at_once_is_scraped(backend):
         assert view["routable"], view
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 200
+
+
+async def test_the_openapi_schema_describes_admin_refusals_as_they_are_answered(backend):
+    """FastAPI would document a 422 in its own shape; the admin API answers 4xx in the OpenAI
+    shape, and a migrate that does not move answers 409 with its outcome."""
+    settings = fast_settings([backend.url], admin_token="s3cret")
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
+        schema = app.control.openapi()
+        for path, operations in schema["paths"].items():
+            if not path.startswith("/admin/"):
+                continue
+            for operation in operations.values():
+                assert "422" not in operation["responses"], path
+                refused = operation["responses"]["4XX"]["content"]["application/json"]
+                assert refused["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+        migrate = schema["paths"]["/admin/requests/{request_id}/migrate"]["post"]["responses"]
+        assert migrate["409"]["content"]["application/json"]["schema"] == {"type": "object"}
+        error = schema["components"]["schemas"]["ErrorDetail"]
+        assert set(error["required"]) == {"message", "type", "param", "code"}
+
+        r = await c.post("/admin/backends", json={"url": 5}, headers={"x-admin-token": "s3cret"})
+        assert r.status_code == 400
+        assert set(r.json()) == {"error"}
+        assert set(r.json()["error"]) == set(error["required"])

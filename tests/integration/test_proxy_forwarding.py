@@ -50,6 +50,52 @@ async def test_completion_passes_body_untouched_and_tags_response(two_backends):
         assert re.fullmatch(r"abc-1-[0-9a-f]{12}", seen.headers["x-request-id"])
 
 
+async def test_a_repeated_single_valued_header_reaches_the_backend_once(two_backends):
+    """Backends on aiohttp (or behind a gateway that checks) refuse a request repeating
+    content-type or user-agent: the proxy sends the value it read itself, the last."""
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        headers = [
+            ("content-type", "text/plain"),
+            ("user-agent", "a"),
+            ("content-type", "application/json"),
+            ("user-agent", "b"),
+        ]
+        body = b'{"model": "fake-model", "prompt": "x"}'
+        r = await c.post("/v1/completions", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        seen = next(b.seen[-1] for b in two_backends if b.seen)
+        assert seen.headers["content-type"] == "application/json"
+        assert seen.headers["user-agent"] == "b"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        # The proxy parsed the body as plain JSON: told it was gzip, an aiohttp backend fails
+        # decoding it (a 5xx, retried, then the client's 502).
+        ("content-encoding", "gzip"),
+        # The client's expectation was settled with the proxy; one a backend does not know
+        # would be answered 417 (not an OpenAI error).
+        ("expect", "something-else"),
+    ],
+)
+async def test_client_headers_about_the_body_sent_to_the_proxy_are_not_sent_on(
+    two_backends, name, value
+):
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = b'{"model": "fake-model", "prompt": "x"}'
+        r = await c.post(
+            "/v1/completions",
+            content=body,
+            headers={"content-type": "application/json", name: value},
+        )
+        assert r.status_code == 200, r.text
+        seen = next(b.seen[-1] for b in two_backends if b.seen)
+        assert name not in seen.headers
+
+
 async def test_a_backend_url_with_a_path_prefix_keeps_it():
     """A backend behind a path-routing gateway: scrapes and forwarded requests keep its prefix."""
     gated = FakeBackend(prefix="/pool-a/vllm")

@@ -1,6 +1,8 @@
 """The OpenAI API of one simulated engine, over real sockets."""
 
 import aiohttp
+import httpx
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.fleet import SimFleet
@@ -92,6 +94,21 @@ async def test_stream_flushes_early_and_disconnect_frees_blocks(
     await eventually(lambda: not server.engine.core.running)
     assert core.pool.usage() == 0.0
     assert core.counters.finished.get("abort") == 1
+
+
+async def test_a_request_id_of_any_header_bytes_is_taken(fleet: SimFleet):
+    """Header values may hold bytes past ASCII that are not UTF-8; vLLM takes them as latin-1."""
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=fleet.urls[0]) as c:
+        for stream in (False, True):
+            r = await c.post(
+                "/v1/completions",
+                json={**body, "stream": stream},
+                headers=[(b"x-request-id", b"req-\x80\xff")],
+            )
+            assert r.status_code == 200, r.text
+            first = r.json() if not stream else orjson.loads(r.text.split("\n")[0][6:])
+            assert first["id"] == "cmpl-req-\x80\xff"
 
 
 async def test_abort_endpoint_ends_the_stream(fleet: SimFleet, http: aiohttp.ClientSession):

@@ -42,6 +42,7 @@ def test_chat_default_max_tokens_fills_the_context(tokenizer: Tokenizer) -> None
         ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream=True"),
         ({"prompt": [1, 10**9]}, 400, "out of vocabulary"),
         ({"prompt": "x", "n": 2}, 400, "n=1"),
+        ({"prompt": "x", "stream": True, "stream_options": True}, 400, "must be an object"),
     ],
 )
 def test_invalid_requests_are_rejected_like_vllm(
