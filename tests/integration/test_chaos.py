@@ -371,7 +371,9 @@ async def test_a_stall_then_failed_health_checks_free_the_requests_waiting_there
     config = fast_settings(
         backends,
         policy="round_robin",
-        stall_timeout=0.2,
+        # Under the stall of two failed health checks (0.5 s timeouts), yet long enough that
+        # the healthy engine is not taken for stalled on a loaded 2-core machine.
+        stall_timeout=0.5,
         scrape_timeout=0.5,
         read_timeout=60,
         outlier_detection=False,  # the health checks alone must free the waiting requests
