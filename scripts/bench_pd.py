@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 7's benchmark: prefill/decode disaggregation against aggregated serving at equal
+"""Benchmark: prefill/decode disaggregation against aggregated serving at equal
 engine count, on simulated H100 engines, with long prompts.
 
     .venv/bin/python scripts/bench_pd.py [--speed 0.25] [--repeat 3] [--out DIR] [-- BENCH ARGS]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 6's routing benchmark: LMetric and the hybrid against round-robin and vllm-router's
+"""Routing benchmark: LMetric and the hybrid against round-robin and vllm-router's
 cache_aware on a simulated H100 fleet, with multi-turn sessions whose context grows.
 
     .venv/bin/python scripts/bench_routing.py [--engines 4] [--speed 0.1] [--repeat 3]

@@ -103,7 +103,7 @@ def test_orchestrated_pd_through_the_proxy_equals_an_aggregated_run(
     pd_tier: Tier, tmp_path: Path
 ) -> None:
     """The proxy runs the prefill leg on the prefill engine and streams the decode leg from
-    the decode engine, which pulls the KV over NIXL (issue 7 on the real thing)."""
+    the decode engine, which pulls the KV over NIXL (prefill/decode disaggregation on real vLLM)."""
     prefill = next(e for e in pd_tier.engines if e.role == "prefill")
     decode = next(e for e in pd_tier.engines if e.role == "decode")
     config = tmp_path / "pd.yaml"

@@ -1,4 +1,4 @@
-"""The disaggregation profile handler and its selective decider (issue 7, policy side)."""
+"""The disaggregation profile handler and its selective decider (the policy side of prefill/decode disaggregation)."""
 
 from __future__ import annotations
 
