@@ -226,7 +226,7 @@ class LegOpener:
 
     def note_failure(self, request_id: str, e: RetryableUpstream, attempt: int, age: float) -> None:
         self.core.metrics.count_upstream_error(e.backend.id, e.kind)
-        self.core.ejection.failed(e.backend, e.kind)
+        self.failed(e.backend, e.kind)
         log.warning(
             "request %s: attempt %d on %s failed after %.2fs (%s): %s",
             request_id, attempt, e.backend.id, age, e.kind, e,
