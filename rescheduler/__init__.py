@@ -1,1 +1,2 @@
-"""Placeholder: filled by its own issue."""
+"""The rescheduler: moves live requests between backends to balance load, to leave failing
+backends and to keep decode instances within their TPOT target (docs/rescheduler.md)."""
