@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -56,16 +58,21 @@ def disconnect_mid_stream(proxy: Proxy, tier: Tier, endpoint: str) -> bool:
     running = wait_until(
         lambda: engine_metric(engine.url, "vllm:num_requests_running") == 1, timeout=10.0
     )
-    if not running or proxy.backend(engine.backend_id)["load"]["in_flight"] == 0:
+    if not running:
         resp.close()
         client.close()
         return False  # it had ended already
-
-    resp.close()  # the client goes away mid-stream
-    client.close()
+    # Frozen the moment it is seen running, the engine cannot finish the request in one of
+    # its bursts before the client's leaving reaches it.
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        resp.close()  # the client goes away mid-stream
+        client.close()
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)
     closed_at = time.monotonic()
     generated_at_close = engine_metric(engine.url, "vllm:generation_tokens_total")
-    # The requirement: the engine's running count is back to 0 within a second.
+    # The engine's running count is back to 0 within a second of the client leaving.
     assert wait_until(
         lambda: engine_metric(engine.url, "vllm:num_requests_running") == 0, timeout=1.0
     ), f"still running {time.monotonic() - closed_at:.2f} s after the client left"

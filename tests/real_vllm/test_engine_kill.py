@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.real_vllm.moves import TOTAL, body, read_stream
-from tests.real_vllm.tier import Tier, start_proxy
+from tests.real_vllm.tier import Engine, Tier, start_proxy
 
 pytestmark = pytest.mark.real_vllm
 
@@ -31,6 +31,26 @@ async def busy_backend(client: httpx.AsyncClient, url: str) -> str:
             if 8 <= (row["tokens_generated"] or 0) <= TOKENS // 2:
                 return str(row["backend"])
         await asyncio.sleep(0.02)
+
+
+async def freeze_a_busy_engine(client: httpx.AsyncClient, url: str, tier: Tier) -> Engine:
+    """An engine frozen (SIGSTOP) while the proxy still relays an unfinished stream from it.
+
+    The proxy's view can lag on a loaded machine (its admin answer once took 6 s), so a
+    stream seen mid-way may have ended by the time its engine is killed. Frozen, the engine
+    can send nothing more: once what it had sent is read, a stream still unfinished in the
+    proxy's view stays unfinished until the kill."""
+    while True:
+        engine = tier.by_backend_id(await busy_backend(client, url))
+        os.killpg(engine.pid, signal.SIGSTOP)
+        await asyncio.sleep(1.0)  # the proxy reads what the engine had already sent
+        rows = (await client.get(url + "/admin/requests")).json()
+        if any(
+            r["backend"] == engine.backend_id and (r["tokens_generated"] or 0) < TOKENS
+            for r in rows
+        ):
+            return engine
+        os.killpg(engine.pid, signal.SIGCONT)  # its streams ended first: try again
 
 
 async def test_killing_an_engine_mid_stream_loses_nothing(tier: Tier, tmp_path: Path) -> None:
@@ -54,8 +74,10 @@ async def test_killing_an_engine_mid_stream_loses_nothing(tier: Tier, tmp_path: 
                 for ep in ENDPOINTS
                 for _ in range(2)
             ]
-            victim = await asyncio.wait_for(busy_backend(client, proxy.url), timeout=120)
-            os.killpg(tier.by_backend_id(victim).pid, signal.SIGKILL)
+            victim = await asyncio.wait_for(
+                freeze_a_busy_engine(client, proxy.url, tier), timeout=120
+            )
+            os.killpg(victim.pid, signal.SIGKILL)
             results = await asyncio.gather(*streams)
             metrics = (await client.get(f"{proxy.url}/metrics")).text
         for i, got in enumerate(results):
@@ -63,8 +85,7 @@ async def test_killing_an_engine_mid_stream_loses_nothing(tier: Tier, tmp_path: 
             assert got.errors == [] and got.done == 1, got.events[-3:]
             assert got.token_ids == ref.token_ids
             assert got.text == ref.text
-        # The victim served one stream of each kind: at least one moved (both, unless one of
-        # them had ended before the kill).
+        # The victim still held an unfinished stream when it was killed: it moved.
         moved = re.search(
             r'^fleet_proxy_migrations_total\{outcome="ok",reason="backend_failed"\} (\S+)$',
             metrics,
