@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from rescheduler.config import LOAD_METRICS
@@ -7,7 +9,7 @@ from rescheduler.load import LOAD_METRIC_FUNCTIONS, load_metric, waiting_tokens
 from rescheduler.view import InstanceView
 from tests.unit.rescheduler.builders import inst, req
 
-CAP = {"num_gpu_blocks": 100, "block_size": 10}  # 1000 tokens
+CAP: dict[str, Any] = {"num_gpu_blocks": 100, "block_size": 10}  # 1000 tokens
 
 
 def test_every_configurable_metric_has_a_function() -> None:

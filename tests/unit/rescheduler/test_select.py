@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from rescheduler.config import SelectOrder, SelectRule
 from rescheduler.select import order_requests, select_requests
+from rescheduler.view import RequestView
 from tests.unit.rescheduler.builders import inst, req
 
 # Running r1..r4 with distinct arrivals and lengths; waiting w1, w2; one unmovable of each.
@@ -33,7 +36,7 @@ RUNNING_ONLY = tuple(r for r in MIXED if r.running)
         (RUNNING_ONLY, SelectOrder.FCW, []),
     ],
 )
-def test_orders(requests: tuple, order: SelectOrder, expected: list[str]) -> None:
+def test_orders(requests: tuple[RequestView, ...], order: SelectOrder, expected: list[str]) -> None:
     assert [r.key for r in order_requests(requests, order)] == expected
 
 
@@ -54,7 +57,7 @@ def test_ties_are_broken_by_key(order: SelectOrder) -> None:
     assert [r.key for r in order_requests(same, order)] == ["a", "b", "c"]
 
 
-CAPPED = {"num_gpu_blocks": 100, "block_size": 10}  # 1000 tokens
+CAPPED: dict[str, Any] = {"num_gpu_blocks": 100, "block_size": 10}  # 1000 tokens
 
 
 @pytest.mark.parametrize(
@@ -79,7 +82,11 @@ CAPPED = {"num_gpu_blocks": 100, "block_size": 10}  # 1000 tokens
     ],
 )
 def test_rules(
-    rule: SelectRule, order: SelectOrder, value: float, capacity: dict, expected: tuple
+    rule: SelectRule,
+    order: SelectOrder,
+    value: float,
+    capacity: dict[str, Any],
+    expected: tuple[str, ...],
 ) -> None:
     source = inst("s", requests=MIXED, **capacity)
     assert select_requests(source, rule, order, value) == expected
