@@ -205,7 +205,8 @@ def _packing(view: ClusterView, config: ReschedulerConfig, now: float) -> _Packi
     """The binpacking fleet, or why there is none."""
     staleness = config.instance_staleness_s
     decoding = of_types(view.instances, (InferType.DECODE, InferType.NEUTRAL))
-    # Any fresh measurement describes the model, including one from a reserved instance.
+    # Any fresh measurement describes the model (one model across the fleet), even from an
+    # instance binpacking may not use: reserved for prefill, or unschedulable.
     model = fit_tpot_model(i for i in decoding if is_fresh(i, now, staleness))
     usable = [i for i in decoding if not i.prefill_reserved and is_healthy(i, now, staleness)]
     if not usable:
