@@ -7,7 +7,10 @@ Single-instance filters look at one instance at a time:
   cannot be trusted for balancing and it may be gone;
 - healthy: schedulable and fresh, the only kind that may give or take requests in a
   balancing move;
-- needs failover: not schedulable, or stale; its requests should leave it.
+- needs failover: not schedulable, or stale; its requests should leave it;
+- balanceable: healthy and not settling (a migration to or from it ended after its last
+  scrape, so its numbers still show the load before it); balancing and binpacking use only
+  these, failover may still send requests to a settling instance.
 
 The failover domain is a global filter: given the failed instances, it names every instance
 that shares their fate and so must not receive their requests.
@@ -33,6 +36,10 @@ def is_fresh(instance: InstanceView, now: float, staleness_s: float) -> bool:
 
 def is_healthy(instance: InstanceView, now: float, staleness_s: float) -> bool:
     return instance.schedulable and is_fresh(instance, now, staleness_s)
+
+
+def is_balanceable(instance: InstanceView, now: float, staleness_s: float) -> bool:
+    return not instance.settling and is_healthy(instance, now, staleness_s)
 
 
 def needs_failover(instance: InstanceView, now: float, staleness_s: float) -> bool:

@@ -6,6 +6,9 @@ fresh) and its global filter (failover domain), let a selector pair sources with
 and pick the requests each pair moves. What it returns is a proposal: `decide` then
 validates it against the pairs earlier policies chose this cycle.
 
+Balancing and binpacking leave out an instance that is settling (a migration to or from it
+ended after its last scrape), failover does not.
+
 - `decode_load` / `neutral_load`: load balancing among healthy decode (neutral) instances.
   Sources have load >= the threshold, targets load < it; `metric_balance_pairs` pairs them,
   over the whole cluster or within each unit (scope `unit`; an instance with no unit is in
@@ -33,7 +36,14 @@ from types import MappingProxyType
 from typing import Protocol
 
 from rescheduler.config import ReschedulerConfig, Scope, SelectOrder
-from rescheduler.filters import failure_domain, is_fresh, is_healthy, needs_failover, of_types
+from rescheduler.filters import (
+    failure_domain,
+    is_balanceable,
+    is_fresh,
+    is_healthy,
+    needs_failover,
+    of_types,
+)
 from rescheduler.load import load_metric
 from rescheduler.select import select_requests
 from rescheduler.selectors import (
@@ -87,10 +97,10 @@ class LoadBalancePolicy:
         healthy = [
             i
             for i in of_types(view.instances, (self.infer_type,))
-            if is_healthy(i, now, config.instance_staleness_s)
+            if is_balanceable(i, now, config.instance_staleness_s)
         ]
         if not healthy:
-            return Proposal(note=f"no schedulable, fresh {kind} instance")
+            return Proposal(note=f"no schedulable, fresh, settled {kind} instance")
         metric_name = self.metric_name(config)
         metric = load_metric(metric_name)
         threshold = self.threshold(config)
@@ -208,9 +218,9 @@ def _packing(view: ClusterView, config: ReschedulerConfig, now: float) -> _Packi
     # Any fresh measurement describes the model (one model across the fleet), even from an
     # instance binpacking may not use: reserved for prefill, or unschedulable.
     model = fit_tpot_model(i for i in decoding if is_fresh(i, now, staleness))
-    usable = [i for i in decoding if not i.prefill_reserved and is_healthy(i, now, staleness)]
+    usable = [i for i in decoding if not i.prefill_reserved and is_balanceable(i, now, staleness)]
     if not usable:
-        return "no schedulable, fresh decode or neutral instance outside prefill reserve"
+        return "no schedulable, fresh, settled decode or neutral instance outside prefill reserve"
     if model is None:
         return "TPOT unknown: no fresh instance reports an inter-token latency while decoding"
     tpot: dict[str, float] = {}

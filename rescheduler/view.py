@@ -65,6 +65,9 @@ class InstanceView:
     # The proxy's accounting: prompt tokens dispatched to it and not yet prefilled.
     pending_prefill_tokens: int = 0
     requests: tuple[RequestView, ...] = ()
+    # A migration to or from it ended after its last scrape: its engine's numbers do not show
+    # that yet, so balancing leaves it alone for now (else it would move the same load twice).
+    settling: bool = False
 
     @property
     def capacity_tokens(self) -> int | None:

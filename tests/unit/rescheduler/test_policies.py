@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -148,7 +149,7 @@ def test_neutral_load_uses_its_own_metric_and_threshold() -> None:
 @pytest.mark.parametrize(
     ("fleet", "note"),
     [
-        ((loaded("d1", 0.9, schedulable=False),), "no schedulable, fresh decode instance"),
+        ((loaded("d1", 0.9, schedulable=False),), "no schedulable, fresh, settled decode instance"),
         (
             (loaded("d1", 0.5), loaded("d2", 0.1)),
             "no source at or over threshold 0.7 (kv_cache_usage_ratio)",
@@ -372,7 +373,7 @@ def test_consolidation_needs_a_decode_batch_on_both_sides() -> None:
         (
             "binpacking_consolidation",
             (decoding("a", 3, 0.02, P),),
-            "no schedulable, fresh decode or neutral instance outside prefill reserve",
+            "no schedulable, fresh, settled decode or neutral instance outside prefill reserve",
         ),
         (
             "binpacking_mitigation",
@@ -410,3 +411,32 @@ def test_binpacking_says_why_nothing_moves(
     o = outcome(fleet, cfg(policy, **SLO))
     assert o.migrations == ()
     assert o.note == note
+
+
+def test_balancing_leaves_a_settling_instance_alone_failover_does_not() -> None:
+    # d1 sent a request away after its last scrape: its 0.9 is the load before the move.
+    fleet = (
+        replace(loaded("d1", 0.9), settling=True),
+        loaded("d2", 0.8),
+        replace(loaded("d3", 0.1), settling=True),
+        loaded("d4", 0.2),
+    )
+    o = outcome(fleet, balance("decode_load"))
+    assert pairs(o) == [("d2", "d4")]
+    assert "d1" not in o.sources and "d3" not in o.targets
+    # A settling instance still takes a failed instance's requests.
+    failed = inst("d5", schedulable=False, requests=reqs("f", 2))
+    o = outcome((replace(loaded("d3", 0.1), settling=True), failed), cfg("decode_failover"))
+    assert [m.target for m in o.migrations] == ["d3"]
+
+
+def test_binpacking_leaves_a_settling_instance_alone() -> None:
+    fleet = (
+        replace(decoding("D1", 24, 0.048), settling=True),
+        decoding("D2", 11, 0.035),
+    )
+    config = cfg("binpacking_mitigation", **SLO)
+    o = outcome(fleet, config)
+    assert o.migrations == ()
+    assert o.sources == ()
+    assert o.note == "no instance at or over TPOT 47.5 ms"
