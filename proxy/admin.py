@@ -202,11 +202,11 @@ def admin_router(
         return b
 
     async def move_one(
-        entry: LiveEntry, to: Backend | None, reason: str, timeout: float | None = None
+        entry: LiveEntry, to: Backend | None, reason: str, wait_s: float | None = None
     ) -> dict[str, Any]:
         try:
             result = await asyncio.wait_for(
-                entry.move(to, reason), timeout=timeout or core.settings.move_timeout
+                entry.move(to, reason), timeout=wait_s or core.settings.move_timeout
             )
         except NotMovable as e:
             return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}

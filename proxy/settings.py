@@ -22,8 +22,8 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
-    PydanticBaseSettingsSource,
     NoDecode,
+    PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )

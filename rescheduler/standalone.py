@@ -10,6 +10,7 @@ given; without one, the loop's info line per migrating cycle is the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -113,8 +114,6 @@ async def run_standalone(
 def main(
     settings: Settings, proxy_url: str, admin_token: str | None, metrics_port: int | None
 ) -> int:
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_standalone(settings, proxy_url, admin_token, metrics_port))
-    except KeyboardInterrupt:
-        pass
     return 0
