@@ -137,7 +137,7 @@ async def test_a_skewed_fleet_is_rebalanced_by_neutral_load(fleet: SimFleet) -> 
         rescheduling_req_select_value=1,
     )
     body = body_for(PATH, max_tokens=400)
-    async with running_proxy(settings) as (url, app), httpx.AsyncClient(timeout=60) as client:
+    async with running_proxy(settings) as (url, _app), httpx.AsyncClient(timeout=60) as client:
         text = await reference(client, fleet, body)
         assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
         tasks, started = await start_streams(client, url, body, 6)
