@@ -147,6 +147,7 @@ class Scraper:
         previous = backend.snapshot
         if previous is not None and _worked(previous.metrics, metrics):
             backend.progress_at = now
+        backend.previous_snapshot = previous
         backend.snapshot = MetricsSnapshot(taken_at=now, metrics=metrics)
 
 

@@ -48,6 +48,10 @@ class EngineMetrics:
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
     steps: float = 0.0  # engine steps taken (vllm:iteration_tokens_total's count)
+    # vllm:inter_token_latency_seconds' _sum and _count (counters): the mean inter-token
+    # latency between two scrapes is their deltas' ratio.
+    itl_sum: float = 0.0
+    itl_count: float = 0.0
     # From vllm:cache_config_info, when published.
     block_size: int | None = None
     num_gpu_blocks: int | None = None
@@ -85,6 +89,9 @@ class Backend:
     spec: BackendSpec
     load: Load = field(default_factory=Load)
     snapshot: MetricsSnapshot | None = None
+    # The scrape before `snapshot`: counters' deltas between the two (the rescheduler's
+    # recent inter-token latency).
+    previous_snapshot: MetricsSnapshot | None = None
     healthy: bool = True  # result of the last /health probe
     draining: bool = False  # admin asked: no new requests
     last_error: str = ""

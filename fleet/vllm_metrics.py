@@ -55,6 +55,31 @@ _RELEVANT = re.compile(
 _STEPS = re.compile(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)", re.MULTILINE)
 
 
+# The inter-token latency histogram's _sum and _count, read the same way (its buckets are a
+# dozen lines per engine the router never needs). Older vLLM names it time_per_output_token;
+# the per-request `vllm:request_time_per_output_token_seconds` does not match (anchored).
+_ITL = re.compile(
+    r"^vllm:(inter_token_latency|time_per_output_token)_seconds_(sum|count)"
+    r"(?:\{[^}]*\})? (\S+)",
+    re.MULTILINE,
+)
+_ITL_CURRENT = "inter_token_latency"
+
+
+def _itl(text: str) -> tuple[float, float]:
+    """(sum, count) summed over engines; the current name wins when both are published."""
+    found: dict[str, list[float]] = {}
+    for name, part, value in _ITL.findall(text):
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        totals = found.setdefault(name, [0.0, 0.0])
+        totals[0 if part == "sum" else 1] += v
+    totals = found.get(_ITL_CURRENT) or next(iter(found.values()), [0.0, 0.0])
+    return totals[0], totals[1]
+
+
 def _family_of(name: str) -> str:
     for suffix in _SUFFIXES:
         if name.endswith(suffix) and name[: -len(suffix)] in WANTED:
@@ -106,6 +131,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
             steps += float(value)
         except ValueError:
             continue
+    itl_sum, itl_count = _itl(text)
     return EngineMetrics(
         running=first(RUNNING),
         waiting=first(WAITING),
@@ -116,6 +142,8 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         prompt_tokens=first(PROMPT_TOKENS),
         generation_tokens=first(GENERATION_TOKENS),
         steps=steps,
+        itl_sum=itl_sum,
+        itl_count=itl_count,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         enable_prefix_caching=prefix_caching,

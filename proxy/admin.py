@@ -32,6 +32,8 @@ from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
 from proxy.settings import BackendConfig
 from proxy.url_policy import UrlPolicy, is_loopback, refuse_reason
+from rescheduler.observe import cluster_view
+from rescheduler.wire import view_to_json
 
 
 class MoveOrderBody(BaseModel):
@@ -42,6 +44,11 @@ class MoveOrderBody(BaseModel):
 
     to: str | None = None
     reason: str = Field(default="admin", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")
+    # Move it only if it is still on this backend (a rescheduler's view may be old):
+    # otherwise 409 not_movable.
+    source: str | None = None
+    # How long to wait for the move (default: move_timeout); then it answers `pending`.
+    timeout: float | None = Field(default=None, gt=0, le=600)
 
 
 def backend_view(
@@ -194,10 +201,12 @@ def admin_router(
             raise HTTPException(status_code=404, detail=f"no backend {backend_id!r}")
         return b
 
-    async def move_one(entry: LiveEntry, to: Backend | None, reason: str) -> dict[str, Any]:
+    async def move_one(
+        entry: LiveEntry, to: Backend | None, reason: str, wait_s: float | None = None
+    ) -> dict[str, Any]:
         try:
             result = await asyncio.wait_for(
-                entry.move(to, reason), timeout=core.settings.move_timeout
+                entry.move(to, reason), timeout=wait_s or core.settings.move_timeout
             )
         except NotMovable as e:
             return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}
@@ -216,13 +225,25 @@ def admin_router(
     )
     async def migrate(request_id: str, order: MoveOrderBody | None = None) -> JSONResponse:
         """Move a running request to another backend (`to`, else the policy's choice),
-        continuing its stream from the last token its client received."""
+        continuing its stream from the last token its client received. The request is named
+        by its x-request-id or by its upstream request id (unique; what the rescheduler
+        uses)."""
         order = order or MoveOrderBody()
         to = backend_or_404(order.to) if order.to is not None else None
         found = core.live.find(request_id)
-        if not found:
+        entry = found[0] if found else core.live.by_upstream_id(request_id)
+        if entry is None:
             raise HTTPException(status_code=404, detail=f"no live request {request_id!r}")
-        result = await move_one(found[0], to, order.reason)
+        if order.source is not None and entry.backend_id != order.source:
+            return JSONResponse(
+                status_code=409,
+                content={
+                    "request_id": entry.request_id,
+                    "outcome": "not_movable",
+                    "detail": f"no longer on {order.source}",
+                },
+            )
+        result = await move_one(entry, to, order.reason, order.timeout)
         code = 200 if result["outcome"] in ("ok", "pending") else 409
         return JSONResponse(status_code=code, content=result)
 
@@ -245,6 +266,25 @@ def admin_router(
             "outcomes": counts,
             "results": results,
         }
+
+    @router.get("/rescheduler")
+    async def rescheduler_state() -> dict[str, Any]:
+        """The colocated rescheduler's settings and its last cycles (oldest first)."""
+        loop = core.rescheduler
+        if loop is None:
+            return {"enabled": False, "cycles": []}
+        return {
+            "enabled": True,
+            "interval_ms": settings.rescheduling_interval_ms,
+            "config": asdict(loop.config),
+            "cycles": [c.as_json() for c in loop.history()],
+        }
+
+    @router.get("/rescheduler/view")
+    async def rescheduler_view() -> dict[str, Any]:
+        """The fleet as the rescheduler's decision core sees it, with the answering worker's
+        live requests: what a standalone rescheduler (`fleet-proxy reschedule`) decides on."""
+        return view_to_json(cluster_view(core.fleet, core.live, core.clock.now()))
 
     @router.get("/policy")
     async def policy_state() -> dict[str, Any]:

@@ -33,6 +33,64 @@ def _serve_parser(sub: Any) -> None:
         type=int,
         help="serving processes sharing the port and their accounting (default 1)",
     )
+    p.add_argument(
+        "--enable-rescheduling",
+        action="store_const",
+        const=True,
+        help="move live requests between backends (docs/rescheduler.md)",
+    )
+    _rescheduler_flags(p)
+
+
+# Every rescheduler setting has a flag of its own name (`--rescheduling-interval-ms 250`);
+# values are validated with the settings, so a bad one is named the same way.
+RESCHEDULER_FLAGS = (
+    "rescheduling_policies",
+    "rescheduling_interval_ms",
+    "rescheduling_decode_load_metric",
+    "rescheduling_decode_load_threshold",
+    "rescheduling_neutral_load_metric",
+    "rescheduling_neutral_load_threshold",
+    "rescheduling_load_balance_threshold",
+    "rescheduling_load_balance_scope",
+    "failover_domain",
+    "instance_staleness_seconds",
+    "rescheduling_req_select_rule",
+    "rescheduling_req_select_order",
+    "rescheduling_req_select_value",
+    "tpot_slo",
+    "tpot_slo_dispatch_threshold",
+    "tpot_migrate_out_ceil_threshold",
+    "tpot_migrate_out_floor_threshold",
+    "rescheduling_migration_timeout",
+    "rescheduling_max_concurrent_migrations",
+    "rescheduling_history",
+)
+
+
+def _rescheduler_flags(p: Any) -> None:
+    for name in RESCHEDULER_FLAGS:
+        field = Settings.model_fields[name]
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            default = ",".join(default)
+        p.add_argument(
+            "--" + name.replace("_", "-"), dest=name, metavar="V", help=f"(default {default})"
+        )
+
+
+def _reschedule_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "reschedule", help="run the rescheduler on its own against a running proxy's admin API"
+    )
+    p.add_argument("--proxy", required=True, metavar="URL", help="the proxy's base URL")
+    p.add_argument("--admin-token", help="the proxy's admin token")
+    p.add_argument("--config", type=Path, help="YAML settings file (its rescheduling_* keys)")
+    p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve this process's metrics on 127.0.0.1:PORT"
+    )
+    _rescheduler_flags(p)
 
 
 def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
@@ -40,10 +98,29 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def build_settings(args: argparse.Namespace) -> Settings:
-    overrides = _overrides(
-        args, ["host", "port", "backends", "policy", "admin_token", "log_level", "workers"]
-    )
+    names = ["host", "port", "backends", "policy", "admin_token", "log_level", "workers"]
+    overrides = _overrides(args, [*names, "enable_rescheduling", *RESCHEDULER_FLAGS])
     return load_settings(overrides, args.config)
+
+
+def run_reschedule(args: argparse.Namespace) -> int:
+    from rescheduler.standalone import main as reschedule_main
+
+    try:
+        # The admin token is the proxy's, not a setting of this process.
+        settings = load_settings(_overrides(args, ["log_level", *RESCHEDULER_FLAGS]), args.config)
+    except ConfigError as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        return reschedule_main(settings, args.proxy, args.admin_token, args.metrics_port)
+    except ValueError as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 2
 
 
 def banner(settings: Settings, port: int, model: str = "<model>") -> str:
@@ -139,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _reschedule_parser(sub)
     sub.add_parser("demo", help="a simulated vLLM fleet plus the proxy, in one command")
     sub.add_parser("sim", help="run simulated vLLM engines (see `fleet-proxy sim --help`)")
     sub.add_parser("bench", help="replay a workload against a base_url (`fleet-proxy bench -h`)")
@@ -150,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fleet-proxy: {e}", file=sys.stderr)
             return 2
         return run_serve(settings)
+    if args.command == "reschedule":
+        return run_reschedule(args)
     parser.print_help()
     return 2
 

@@ -22,6 +22,11 @@ from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.settings import Settings
 from proxy.upstream import UpstreamPool, split_url
+from rescheduler.decide import check_config
+from rescheduler.executor import BoundedExecutor, LocalMover
+from rescheduler.loop import ReschedulerLoop
+from rescheduler.metrics import ReschedulerMetrics
+from rescheduler.observe import LocalViewSource
 
 log = logging.getLogger("fleet_proxy")
 
@@ -30,6 +35,29 @@ def make_policy(settings: Settings) -> Policy:
     if settings.routing is not None:
         return build_routing(settings.routing)
     return build_policy(settings.policy)
+
+
+def build_rescheduler(core: ProxyCore) -> ReschedulerLoop:
+    """The colocated rescheduler: this process's view and its own live requests. With
+    `--workers N` every worker runs one over its own requests (docs/rescheduler.md)."""
+    s = core.settings
+    config = s.rescheduler_config(s.workers)
+    check_config(config)  # a ValueError stops start-up, naming the known names
+    executor = BoundedExecutor(
+        LocalMover(core.live, core.fleet),
+        ReschedulerMetrics(core.prom),
+        max_concurrent=s.rescheduling_max_concurrent_migrations,
+        timeout=s.rescheduling_migration_timeout,
+    )
+    return ReschedulerLoop(
+        LocalViewSource(core.fleet, core.live, core.clock),
+        executor,
+        config,
+        executor.metrics,
+        interval_s=s.rescheduling_interval_ms / 1000.0,
+        history=s.rescheduling_history,
+        clock=core.clock,
+    )
 
 
 class ProxyCore:
@@ -54,6 +82,7 @@ class ProxyCore:
         removed = getattr(self.policy, "on_backend_removed", None)
         if callable(removed):
             self.fleet.on_removed(removed)
+        self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
         self.control: httpx.AsyncClient | None = None
@@ -91,6 +120,8 @@ class ProxyCore:
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
         self._tasks.append(asyncio.create_task(self.ejection.run(), name="ejection"))
+        if self.rescheduler is not None:
+            self._tasks.append(asyncio.create_task(self.rescheduler.run(), name="rescheduler"))
 
     def _backend_down(self, backend: Backend) -> None:
         """A health check took `backend` out: its live requests leave it now rather than wait

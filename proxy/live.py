@@ -47,6 +47,30 @@ class LiveEntry(Protocol):
     @property
     def backend_id(self) -> str: ...
 
+    @property
+    def upstream_request_id(self) -> str:
+        """The x-request-id its first leg was sent with: unique among live requests (the proxy
+        makes one per request), so the rescheduler names requests by it."""
+        ...
+
+    @property
+    def arrived_at(self) -> float:
+        """When (clock seconds) the proxy received it."""
+        ...
+
+    @property
+    def running(self) -> bool:
+        """Its current backend has started answering (else it waits: queued or prefilling)."""
+        ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens its client has received (0 when they are not counted)."""
+        ...
+
     def movable_reason(self, planned: bool) -> str:
         """Empty when the request can move now; else why not."""
         ...
@@ -86,6 +110,12 @@ class LiveTable:
 
     def find(self, request_id: str) -> list[LiveEntry]:
         return [r for r in self._requests if r.request_id == request_id]
+
+    def by_upstream_id(self, upstream_request_id: str) -> LiveEntry | None:
+        for r in self._requests:
+            if r.upstream_request_id == upstream_request_id:
+                return r
+        return None
 
     def on_backend(self, backend_id: str) -> list[LiveEntry]:
         return [r for r in self._requests if r.backend_id == backend_id]

@@ -161,6 +161,28 @@ class RequestSession(SessionMoves):
         leg = self.leg
         return leg.backend.id if leg is not None else ""
 
+    @property
+    def upstream_request_id(self) -> str:
+        return self.headers[-1][1].decode("latin-1")
+
+    @property
+    def arrived_at(self) -> float:
+        # `arrived` is perf_counter time (the latency metrics'); the view wants clock time.
+        return self._clock.now() - (time.perf_counter() - self.arrived)
+
+    @property
+    def running(self) -> bool:
+        return self._leg_live
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._charge
+
+    @property
+    def tokens_generated(self) -> int:
+        ledger = self.ledger
+        return len(ledger.generated) if ledger is not None else 0
+
     def movable_reason(self, planned: bool) -> str:
         m = self._movability
         if m is None:
@@ -180,7 +202,7 @@ class RequestSession(SessionMoves):
         ledger = self.ledger
         return {
             "request_id": self.ctx.request_id,
-            "upstream_request_id": self.headers[-1][1].decode("latin-1"),
+            "upstream_request_id": self.upstream_request_id,
             "endpoint": self.ctx.endpoint,
             "model": self.ctx.model,
             "backend": self.backend_id,

@@ -5,9 +5,10 @@ An invalid value stops start-up with a message naming the field (see `format_err
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -21,6 +22,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -29,6 +31,15 @@ from pydantic_settings import (
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
 from proxy.url_policy import parse_allow_entry
+from rescheduler.config import (
+    LOAD_METRICS,
+    POLICIES,
+    FailoverDomain,
+    ReschedulerConfig,
+    Scope,
+    SelectOrder,
+    SelectRule,
+)
 
 _BACKEND_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
@@ -217,6 +228,103 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds an idle client connection is kept open between requests",
     )
+
+    # --- the rescheduler (rescheduler/, docs/rescheduler.md): moves live requests between
+    # backends to balance load and to leave failing ones, every rescheduling_interval_ms.
+    enable_rescheduling: bool = False
+    # A comma list or a YAML list, from rescheduler.config.POLICIES.
+    rescheduling_policies: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(ReschedulerConfig().policies)
+    )
+    rescheduling_interval_ms: int = Field(500, ge=10, le=3_600_000)
+    rescheduling_decode_load_metric: str = "kv_cache_usage_ratio_projected"
+    rescheduling_decode_load_threshold: float = Field(1.0, ge=0, allow_inf_nan=False)
+    rescheduling_neutral_load_metric: str = "kv_cache_usage_ratio_projected"
+    rescheduling_neutral_load_threshold: float = Field(1.0, ge=0, allow_inf_nan=False)
+    rescheduling_load_balance_threshold: float = Field(0.0, ge=0, allow_inf_nan=False)
+    rescheduling_load_balance_scope: Scope = Scope.CLUSTER
+    failover_domain: FailoverDomain = FailoverDomain.INSTANCE
+    instance_staleness_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
+    rescheduling_req_select_rule: SelectRule = SelectRule.TOKEN
+    rescheduling_req_select_order: SelectOrder = SelectOrder.SR
+    rescheduling_req_select_value: float = Field(1024.0, gt=0, allow_inf_nan=False)
+    tpot_slo: float = Field(50.0, gt=0, allow_inf_nan=False, description="milliseconds")
+    tpot_slo_dispatch_threshold: float = Field(0.85, gt=0, allow_inf_nan=False)
+    tpot_migrate_out_ceil_threshold: float = Field(0.95, gt=0, allow_inf_nan=False)
+    tpot_migrate_out_floor_threshold: float = Field(0.60, ge=0, allow_inf_nan=False)
+    rescheduling_migration_timeout: float = Field(
+        5.0, gt=0, allow_inf_nan=False, description="seconds one migration may take"
+    )
+    rescheduling_max_concurrent_migrations: int = Field(10, ge=1, le=1000)
+    rescheduling_history: int = Field(20, ge=0, le=10_000, description="cycles kept")
+
+    @field_validator("rescheduling_policies", mode="before")
+    @classmethod
+    def _policy_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [p for p in v.replace(",", " ").split() if p]
+        return v
+
+    @field_validator("rescheduling_policies")
+    @classmethod
+    def _known_policies(cls, v: list[str]) -> list[str]:
+        unknown = [p for p in v if p not in POLICIES]
+        if unknown:
+            raise ValueError(
+                f"unknown rescheduling policy {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(POLICIES)}"
+            )
+        if len(set(v)) != len(v):
+            raise ValueError("rescheduling_policies names a policy twice")
+        return v
+
+    @field_validator("rescheduling_decode_load_metric", "rescheduling_neutral_load_metric")
+    @classmethod
+    def _known_load_metric(cls, v: str) -> str:
+        if v not in LOAD_METRICS:
+            raise ValueError(f"unknown load metric {v!r}; known: {', '.join(LOAD_METRICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _rescheduling_consistent(self) -> Settings:
+        if self.tpot_migrate_out_floor_threshold > self.tpot_migrate_out_ceil_threshold:
+            raise ValueError(
+                "tpot_migrate_out_floor_threshold must not exceed tpot_migrate_out_ceil_threshold"
+            )
+        if (
+            self.rescheduling_req_select_rule == SelectRule.RATIO
+            and self.rescheduling_req_select_value > 1
+        ):
+            raise ValueError("rescheduling_req_select_value is a share (0..1] with rule RATIO")
+        return self
+
+    def rescheduler_config(self, workers: int = 1) -> ReschedulerConfig:
+        """The decision core's settings. With `workers` processes each moving only its own
+        requests, an amount to move (TOKEN, NUM_REQ, RATIO) is split between them, so the
+        fleet-wide amount stays what was configured (docs/rescheduler.md)."""
+        value = self.rescheduling_req_select_value
+        if workers > 1:
+            value = value / workers
+            if self.rescheduling_req_select_rule == SelectRule.NUM_REQ:
+                value = float(max(1, math.ceil(value)))
+        return ReschedulerConfig(
+            policies=tuple(self.rescheduling_policies),
+            decode_load_metric=self.rescheduling_decode_load_metric,
+            decode_load_threshold=self.rescheduling_decode_load_threshold,
+            neutral_load_metric=self.rescheduling_neutral_load_metric,
+            neutral_load_threshold=self.rescheduling_neutral_load_threshold,
+            load_balance_threshold=self.rescheduling_load_balance_threshold,
+            load_balance_scope=self.rescheduling_load_balance_scope,
+            failover_domain=self.failover_domain,
+            instance_staleness_s=self.instance_staleness_seconds,
+            req_select_rule=self.rescheduling_req_select_rule,
+            req_select_order=self.rescheduling_req_select_order,
+            req_select_value=value,
+            tpot_slo_s=self.tpot_slo / 1000.0,
+            tpot_dispatch_threshold=self.tpot_slo_dispatch_threshold,
+            tpot_migrate_out_ceil_threshold=self.tpot_migrate_out_ceil_threshold,
+            tpot_migrate_out_floor_threshold=self.tpot_migrate_out_floor_threshold,
+        )
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -69,3 +69,47 @@ def test_older_names_are_understood() -> None:
 def test_empty_page_gives_zeros() -> None:
     m = parse_engine_metrics("")
     assert m.running == 0.0 and m.models == ()
+
+
+ITL = """\
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 10.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 30.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 1.5
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_count{engine="0",model_name="m"} 99.0
+vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="m"} 99.0
+"""
+
+
+def test_inter_token_latency_sum_and_count_add_over_engines() -> None:
+    m = parse_engine_metrics(ITL)
+    assert m.itl_sum == 2.0 and m.itl_count == 40.0
+
+
+def test_inter_token_latency_under_its_older_name() -> None:
+    older = (
+        "vllm:time_per_output_token_seconds_count{model_name=\"old\"} 4.0\n"
+        "vllm:time_per_output_token_seconds_sum{model_name=\"old\"} 0.2\n"
+    )
+    m = parse_engine_metrics(older)
+    assert m.itl_sum == 0.2 and m.itl_count == 4.0
+    # Both published (a transition release): the current name's values, not the sum of both.
+    both = parse_engine_metrics(ITL + older)
+    assert both.itl_sum == 2.0 and both.itl_count == 40.0
+
+
+def test_inter_token_latency_absent_is_zero() -> None:
+    m = parse_engine_metrics(CURRENT)
+    assert m.itl_sum == 0.0 and m.itl_count == 0.0
+
+
+def test_inter_token_latency_of_a_real_vllm_page() -> None:
+    from pathlib import Path
+
+    golden = Path(__file__).resolve().parents[2] / "golden" / "vllm-0.32" / "metrics.txt"
+    m = parse_engine_metrics(golden.read_text())
+    assert m.itl_count == 53.0 and abs(m.itl_sum - 0.8195944850003798) < 1e-12

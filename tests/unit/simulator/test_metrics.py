@@ -63,3 +63,15 @@ def test_cache_config_info_describes_the_cache(tokenizer: Tokenizer) -> None:
 
 def test_token_buckets_follow_1_2_5() -> None:
     assert buckets_1_2_5(100) == [1, 2, 5, 10, 20, 50, 100]
+
+
+def test_inter_token_latency_reaches_the_routers_parser(tokenizer: Tokenizer) -> None:
+    from fleet.vllm_metrics import parse_engine_metrics
+
+    profile = small_profile()
+    metrics = SimMetrics("sim-x", profile)
+    core = EngineCore(profile, tokenizer, DeterministicLM(tokenizer.generatable), metrics)
+    metrics.itl.observe(0.02)
+    metrics.itl.observe(0.04)
+    parsed = parse_engine_metrics(metrics.render(core).decode())
+    assert parsed.itl_count == 2.0 and abs(parsed.itl_sum - 0.06) < 1e-9

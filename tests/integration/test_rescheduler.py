@@ -1,0 +1,236 @@
+"""The rescheduler end to end on simulated engines and real sockets: it moves streams off a
+drained backend (never into its failure domain), rebalances a skewed fleet, runs standalone
+against a running proxy, and with two workers moves no request twice. Every stream still
+completes whole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from simulator.fleet import SimFleet, start_fleet
+from tests.integration.simulator.conftest import eventually
+from tests.integration.test_movable_requests import Streamed, body_for, stream
+from tests.integration.test_workers import serve
+from tests.support.servers import fast_settings, running_proxy
+
+REPO = Path(__file__).resolve().parents[2]
+PATH = "/v1/completions"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    async with await start_fleet(3, speed=1.0) as f:
+        yield f
+
+
+def backends(f: SimFleet, nodes: list[str]) -> list[dict[str, str]]:
+    return [
+        {"url": u, "id": f"e{i}", "node": n}
+        for i, (u, n) in enumerate(zip(f.urls, nodes, strict=False))
+    ]
+
+
+def running_on(f: SimFleet, i: int) -> int:
+    return len(f.engines[i].engine.core.running)
+
+
+async def reference(client: httpx.AsyncClient, f: SimFleet, body: dict[str, Any]) -> str:
+    ref = await stream(client, f.urls[2], PATH, body)
+    assert ref.status == 200 and ref.done == 1 and not ref.errors
+    return ref.text
+
+
+async def start_streams(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    count: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[list[asyncio.Task[Streamed]], asyncio.Event]:
+    """`count` streams; the event is set once each has received some tokens."""
+    seen: set[int] = set()
+    started = asyncio.Event()
+
+    async def one(i: int) -> Streamed:
+        async def mark(_: Streamed) -> None:
+            seen.add(i)
+            if len(seen) == count:
+                started.set()
+
+        return await stream(client, url, PATH, body, after=3, action=mark, headers=headers)
+
+    return [asyncio.create_task(one(i)) for i in range(count)], started
+
+
+def all_whole(results: list[Streamed], text: str) -> None:
+    for got in results:
+        assert got.status == 200 and not got.errors and got.done == 1
+        assert got.text == text
+
+
+async def migrations_metric(client: httpx.AsyncClient, url: str, name: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in (await client.get(url + "/metrics")).text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1 :].split("} ")
+            out[labels] = float(value)
+    return out
+
+
+async def test_a_drained_backends_streams_fail_over_outside_its_node(fleet: SimFleet) -> None:
+    settings = fast_settings(
+        backends(fleet, ["n1", "n1", "n2"]),
+        policy="round_robin",
+        enable_rescheduling=True,
+        rescheduling_interval_ms=100,
+        rescheduling_policies="neutral_failover",
+        failover_domain="node",
+    )
+    body = body_for(PATH, max_tokens=400)
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(timeout=60) as client:
+        text = await reference(client, fleet, body)
+        # Every stream on e0 first: the other two take nothing new while drained.
+        for b in ("e1", "e2"):
+            assert (await client.post(f"{url}/admin/backends/{b}/drain")).status_code == 200
+        tasks, started = await start_streams(client, url, body, 4)
+        await asyncio.wait_for(started.wait(), timeout=30)
+        assert len(app.core.live.on_backend("e0")) == 4
+        for b in ("e1", "e2"):
+            assert (await client.post(f"{url}/admin/backends/{b}/undrain")).status_code == 200
+        assert (await client.post(f"{url}/admin/backends/e0/drain")).status_code == 200
+        await eventually(lambda: not app.core.live.on_backend("e0"), within=15)
+        # e1 shares e0's node: none of them went there.
+        assert len(app.core.live.on_backend("e2")) == 4 and not app.core.live.on_backend("e1")
+        all_whole(list(await asyncio.gather(*tasks)), text)
+        assert running_on(fleet, 1) == 0
+        state = (await client.get(url + "/admin/rescheduler")).json()
+        assert state["enabled"] is True and state["config"]["failover_domain"] == "node"
+        moved = [p for c in state["cycles"] for p in c["pairs"]]
+        assert all(p["policy"] == "neutral_failover" and p["target"] == "e2" for p in moved)
+        counts = await migrations_metric(client, url, "fleet_proxy_rescheduling_migrations_total")
+        assert counts.get('outcome="ok",policy="neutral_failover"') == 4.0
+        proxy_counts = await migrations_metric(client, url, "fleet_proxy_migrations_total")
+        assert proxy_counts.get('outcome="ok",reason="neutral_failover"') == 4.0
+
+
+async def test_a_skewed_fleet_is_rebalanced_by_neutral_load(fleet: SimFleet) -> None:
+    settings = fast_settings(
+        backends(fleet, ["n1", "n2"]),
+        policy="round_robin",
+        enable_rescheduling=True,
+        rescheduling_interval_ms=100,
+        rescheduling_policies="neutral_load",
+        rescheduling_neutral_load_metric="num_requests",
+        rescheduling_neutral_load_threshold=3,
+        rescheduling_req_select_rule="NUM_REQ",
+        rescheduling_req_select_value=1,
+    )
+    body = body_for(PATH, max_tokens=400)
+    async with running_proxy(settings) as (url, _app), httpx.AsyncClient(timeout=60) as client:
+        text = await reference(client, fleet, body)
+        assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
+        tasks, started = await start_streams(client, url, body, 6)
+        await asyncio.wait_for(started.wait(), timeout=30)
+        assert running_on(fleet, 0) == 6 and running_on(fleet, 1) == 0
+        assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
+        # Seen by the engines themselves: e1 took requests, e0 gave them.
+        await eventually(lambda: running_on(fleet, 1) >= 3, within=15)
+        assert running_on(fleet, 0) <= 3
+        all_whole(list(await asyncio.gather(*tasks)), text)
+
+
+async def test_standalone_reschedule_moves_a_running_proxys_requests(fleet: SimFleet) -> None:
+    settings = fast_settings(backends(fleet, ["n1", "n2"]), policy="round_robin")
+    body = body_for(PATH, max_tokens=400)
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(timeout=60) as client:
+        text = await reference(client, fleet, body)
+        view = (await client.get(url + "/admin/rescheduler/view")).json()
+        assert [i["id"] for i in view["instances"]] == ["e0", "e1"]
+        assert (await client.get(url + "/admin/rescheduler")).json()["enabled"] is False
+        assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
+        tasks, started = await start_streams(client, url, body, 3)
+        await asyncio.wait_for(started.wait(), timeout=30)
+        assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
+        cmd = [sys.executable, "-m", "proxy.cli", "reschedule", "--proxy", url,
+               "--rescheduling-interval-ms", "100", "--rescheduling-policies", "neutral_failover",
+               "--log-level", "warning"]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(*cmd, cwd=REPO, env=dict(os.environ))
+        try:
+            assert (await client.post(f"{url}/admin/backends/e0/drain")).status_code == 200
+            await eventually(lambda: not app.core.live.on_backend("e0"), within=20)
+            assert len(app.core.live.on_backend("e1")) == 3
+            all_whole(list(await asyncio.gather(*tasks)), text)
+            counts = await migrations_metric(client, url, "fleet_proxy_migrations_total")
+            assert counts.get('outcome="ok",reason="neutral_failover"') == 3.0
+        finally:
+            proc.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=10)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+def legs_of(got: Streamed) -> list[dict[str, Any]]:
+    for block in got.raw.split(b"\n\n"):
+        if block.startswith(b": x-fleet-legs "):
+            legs: list[dict[str, Any]] = orjson.loads(block[len(b": x-fleet-legs ") :])
+            return legs
+    raise AssertionError("no legs receipt")
+
+
+async def test_with_two_workers_no_request_is_moved_twice(
+    fleet: SimFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in {
+        "ENABLE_RESCHEDULING": "true",
+        "RESCHEDULING_INTERVAL_MS": "100",
+        "RESCHEDULING_POLICIES": "neutral_failover",
+        "DEBUG_RECEIPTS": "true",
+        "POLICY": "round_robin",
+    }.items():
+        monkeypatch.setenv("FLEET_PROXY_" + k, v)
+    body = body_for(PATH, max_tokens=400)
+    async with serve(fleet.urls[:2]) as served, httpx.AsyncClient(timeout=60) as client:
+        text = await reference(client, fleet, body)
+        # Separate connections: both workers get some of the streams.
+        clients = [httpx.AsyncClient(timeout=60) for _ in range(6)]
+        try:
+            ids = (await client.get(served.url + "/admin/backends")).json()
+            e0, e1 = (b["id"] for b in ids)
+            assert (await client.post(f"{served.url}/admin/backends/{e1}/drain")).status_code == 200
+
+            async def routable_everywhere(n: int) -> bool:
+                rows = (await served.workers(client))["rows"]
+                return len(rows) == 2 and all(r["routable"] == n for r in rows)
+
+            await eventually(lambda: routable_everywhere(1), within=15)  # both applied it
+            started = [
+                await start_streams(c, served.url, body, 1, {"x-fleet-debug": "1"}) for c in clients
+            ]
+            for _, ev in started:
+                await asyncio.wait_for(ev.wait(), timeout=30)
+            assert running_on(fleet, 0) == 6
+            assert (
+                await client.post(f"{served.url}/admin/backends/{e1}/undrain")
+            ).status_code == 200
+            assert (await client.post(f"{served.url}/admin/backends/{e0}/drain")).status_code == 200
+            results = [r for tasks, _ in started for r in await asyncio.gather(*tasks)]
+        finally:
+            for c in clients:
+                await c.aclose()
+        all_whole(results, text)
+        for got in results:
+            legs = legs_of(got)
+            assert [leg["backend"] for leg in legs] == [e0, e1], legs
