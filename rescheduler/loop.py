@@ -22,6 +22,7 @@ from rescheduler.config import ReschedulerConfig
 from rescheduler.decide import Plan, decide
 from rescheduler.executor import Executor, MoveOutcome
 from rescheduler.metrics import ReschedulerMetrics
+from rescheduler.settling import Settling
 from rescheduler.view import ClusterView, Migration
 
 log = logging.getLogger("fleet_proxy.rescheduler")
@@ -85,6 +86,7 @@ class ReschedulerLoop:
         self.decide = decide
         self.clock: Clock = clock or SystemClock()
         self._history: deque[CycleRecord] = deque(maxlen=history)
+        self._settling = Settling()
 
     def history(self) -> list[CycleRecord]:
         """The last cycles, oldest first."""
@@ -112,7 +114,7 @@ class ReschedulerLoop:
         return record
 
     async def _cycle(self, started_at: float, t0: float) -> CycleRecord:
-        view = await self.source.view()
+        view = self._settling.apply(await self.source.view())
         # The view's own time: a standalone rescheduler's clock is not the proxy's.
         plan = self.decide(view, self.config, view.taken_at)
         for o in plan.outcomes:
@@ -126,6 +128,7 @@ class ReschedulerLoop:
         moves: Sequence[MoveOutcome] = ()
         if plan.migrations:
             moves = await self.executor.execute(plan.migrations)
+            self._settling.moved(moves)
         outcomes: dict[str, int] = {}
         for mv in moves:
             outcomes[mv.outcome] = outcomes.get(mv.outcome, 0) + 1

@@ -116,3 +116,19 @@ async def test_cycles_never_overlap() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert not ex.overlapped
+
+
+async def test_the_ends_of_a_move_are_settling_in_the_next_views() -> None:
+    seen: list[ClusterView] = []
+
+    def watching(view: ClusterView, config: ReschedulerConfig, now: float) -> Plan:
+        seen.append(view)
+        return moving_decide(view, config, now)
+
+    loop, _ = make(Recorder(), decide=watching)
+    await loop.cycle()
+    await loop.cycle()
+    # The views never scrape (scraped_at None): a, the source, stays settling; c, the
+    # target, is not in the fleet.
+    assert [i.id for i in seen[0].instances if i.settling] == []
+    assert [i.id for i in seen[1].instances if i.settling] == ["a"]
