@@ -269,15 +269,17 @@ def admin_router(
 
     @router.get("/rescheduler")
     async def rescheduler_state() -> dict[str, Any]:
-        """The colocated rescheduler's settings and its last cycles (oldest first)."""
+        """The colocated rescheduler's settings, its last cycles and its last cycles that
+        planned a migration (oldest first)."""
         loop = core.rescheduler
         if loop is None:
-            return {"enabled": False, "cycles": []}
+            return {"enabled": False, "cycles": [], "migrating_cycles": []}
         return {
             "enabled": True,
             "interval_ms": settings.rescheduling_interval_ms,
             "config": asdict(loop.config),
             "cycles": [c.as_json() for c in loop.history()],
+            "migrating_cycles": [c.as_json() for c in loop.migrating_history()],
         }
 
     @router.get("/rescheduler/view")

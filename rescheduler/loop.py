@@ -86,11 +86,17 @@ class ReschedulerLoop:
         self.decide = decide
         self.clock: Clock = clock or SystemClock()
         self._history: deque[CycleRecord] = deque(maxlen=history)
+        # Idle cycles (most of them) would soon push the ones that moved out of the history.
+        self._migrating: deque[CycleRecord] = deque(maxlen=history)
         self._settling = Settling()
 
     def history(self) -> list[CycleRecord]:
         """The last cycles, oldest first."""
         return list(self._history)
+
+    def migrating_history(self) -> list[CycleRecord]:
+        """The last cycles that planned a migration, oldest first."""
+        return list(self._migrating)
 
     async def run(self) -> None:
         while True:
@@ -111,6 +117,8 @@ class ReschedulerLoop:
         self.metrics.cycles.inc()
         self.metrics.cycle_seconds.observe(record.duration_s)
         self._history.append(record)
+        if record.pairs:
+            self._migrating.append(record)
         return record
 
     async def _cycle(self, started_at: float, t0: float) -> CycleRecord:

@@ -132,3 +132,16 @@ async def test_the_ends_of_a_move_are_settling_in_the_next_views() -> None:
     # target, is not in the fleet.
     assert [i.id for i in seen[0].instances if i.settling] == []
     assert [i.id for i in seen[1].instances if i.settling] == ["a"]
+
+
+async def test_cycles_that_moved_outlast_idle_ones_in_their_own_history() -> None:
+    moving = [True, False, False, False, False]
+
+    def sometimes(view: ClusterView, config: ReschedulerConfig, now: float) -> Plan:
+        return moving_decide(view, config, now) if moving.pop(0) else idle_decide(view, config, now)
+
+    loop, _ = make(Recorder(), decide=sometimes, history=3)
+    for _ in range(5):
+        await loop.cycle()
+    assert all(not c.pairs for c in loop.history())
+    assert [len(c.pairs) for c in loop.migrating_history()] == [1]
