@@ -17,7 +17,7 @@ import asyncio
 import os
 import secrets
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -42,6 +42,8 @@ class MoveOrderBody(BaseModel):
 
     to: str | None = None
     reason: str = Field(default="admin", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")
+    # How the KV moves (proxy/move_kinds.py); None: the `move_kind` setting.
+    kind: Literal["auto", "recompute", "handover", "precopy"] | None = None
 
 
 def backend_view(
@@ -194,10 +196,12 @@ def admin_router(
             raise HTTPException(status_code=404, detail=f"no backend {backend_id!r}")
         return b
 
-    async def move_one(entry: LiveEntry, to: Backend | None, reason: str) -> dict[str, Any]:
+    async def move_one(
+        entry: LiveEntry, to: Backend | None, reason: str, kind: str | None = None
+    ) -> dict[str, Any]:
         try:
             result = await asyncio.wait_for(
-                entry.move(to, reason), timeout=core.settings.move_timeout
+                entry.move(to, reason, kind=kind), timeout=core.settings.move_timeout
             )
         except NotMovable as e:
             return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}
@@ -222,7 +226,7 @@ def admin_router(
         found = core.live.find(request_id)
         if not found:
             raise HTTPException(status_code=404, detail=f"no live request {request_id!r}")
-        result = await move_one(found[0], to, order.reason)
+        result = await move_one(found[0], to, order.reason, order.kind)
         code = 200 if result["outcome"] in ("ok", "pending") else 409
         return JSONResponse(status_code=code, content=result)
 
