@@ -404,7 +404,8 @@ class SessionMoves:
                 leg_kind = "precopy" if kind == "precopy" and target is required else "recompute"
             headers = kv_headers if use_kv and kv_headers is not None else self._leg_headers()
             kv_headers = None  # a retry elsewhere gets an id of its own
-            self.dispatch.move(target.load, prompt_len)
+            # A target pulling the KV computes next to nothing, as a P/D decode leg.
+            self.dispatch.move(target.load, 0 if use_kv else prompt_len)
             self._opening = target
             self._wait_from = self._clock.now()
             try:
