@@ -206,3 +206,19 @@ async def test_without_nixl_labels_every_kind_recomputes(fleet: SimFleet) -> Non
         assert result["outcome"] == "ok" and result["kind"] == "recompute"
         # The legs receipt names the kind of each continuation.
         assert b'"kind":"recompute"' in got.raw and b'"kind":null' in got.raw
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"), [({}, "handover"), ({"move_precopy_min_tokens": 500}, "precopy")]
+)
+async def test_auto_picks_the_kind_by_the_tokens_to_move(
+    fleet: SimFleet, extra: dict[str, Any], expected: str
+) -> None:
+    settings = fast_settings(nixl_backends(fleet), policy="round_robin", **extra)
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
+        ref = await reference(client, fleet, PATH, BODY)
+        got, result = await moved_run(client, url, fleet, "auto")
+        # Some 900 tokens: past hand-over's break-even (222), below the default pre-copy 2048.
+        assert 500 < prompt_tokens(got) < 2048
+        assert not got.errors and got.text == ref.text and got.usage == ref.usage
+        assert result["outcome"] == "ok" and result["kind"] == expected
