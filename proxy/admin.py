@@ -17,7 +17,7 @@ import asyncio
 import os
 import secrets
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -49,6 +49,8 @@ class MoveOrderBody(BaseModel):
     source: str | None = None
     # How long to wait for the move (default: move_timeout); then it answers `pending`.
     timeout: float | None = Field(default=None, gt=0, le=600)
+    # How the KV moves (proxy/move_kinds.py); None: the `move_kind` setting.
+    kind: Literal["auto", "recompute", "handover", "precopy"] | None = None
 
 
 def backend_view(
@@ -202,11 +204,15 @@ def admin_router(
         return b
 
     async def move_one(
-        entry: LiveEntry, to: Backend | None, reason: str, wait_s: float | None = None
+        entry: LiveEntry,
+        to: Backend | None,
+        reason: str,
+        wait_s: float | None = None,
+        kind: str | None = None,
     ) -> dict[str, Any]:
         try:
             result = await asyncio.wait_for(
-                entry.move(to, reason), timeout=wait_s or core.settings.move_timeout
+                entry.move(to, reason, kind=kind), timeout=wait_s or core.settings.move_timeout
             )
         except NotMovable as e:
             return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}
@@ -243,7 +249,7 @@ def admin_router(
                     "detail": f"no longer on {order.source}",
                 },
             )
-        result = await move_one(entry, to, order.reason, order.timeout)
+        result = await move_one(entry, to, order.reason, order.timeout, order.kind)
         code = 200 if result["outcome"] in ("ok", "pending") else 409
         return JSONResponse(status_code=code, content=result)
 

@@ -40,15 +40,25 @@ def host_port(backend: Backend) -> str:
     return urlsplit(backend.url).netloc
 
 
-def prefill_body(body: dict[str, Any]) -> bytes:
+def _one_token(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> bytes:
     leg = dict(body)
     leg["stream"] = False
     leg["max_tokens"] = 1
     if "max_completion_tokens" in leg:
         leg["max_completion_tokens"] = 1
     leg.pop("stream_options", None)
-    leg["kv_transfer_params"] = dict(_REMOTE_DECODE)
+    leg["kv_transfer_params"] = kv_transfer_params
     return orjson.dumps(leg)
+
+
+def prefill_body(body: dict[str, Any]) -> bytes:
+    return _one_token(body, dict(_REMOTE_DECODE))
+
+
+def pull_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> bytes:
+    """A 1-token request that pulls the KV named by `kv_transfer_params`; its answer is of no
+    use, the pulled blocks stay in the engine's prefix cache."""
+    return _one_token(body, kv_transfer_params)
 
 
 def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> bytes:
@@ -73,24 +83,41 @@ async def run_prefill_leg(
 ) -> dict[str, Any]:
     """POST the prefill leg to `origin` + `path` (on `prefill`); return the
     kv_transfer_params the decode leg needs."""
-    dispatch = Dispatch(prefill.load, prompt_tokens)
+    data = await run_one_token_leg(
+        pool, prefill, origin, path, prefill_body(body), headers, prompt_tokens, limit_s
+    )
+    try:
+        params = orjson.loads(data).get("kv_transfer_params")
+    except (orjson.JSONDecodeError, AttributeError):
+        raise PrefillFailed("bad_response", f"{prefill.id} answered no JSON object") from None
+    if not isinstance(params, dict):
+        raise PrefillFailed("bad_response", f"{prefill.id} returned no kv_transfer_params")
+    return params
+
+
+async def run_one_token_leg(
+    pool: UpstreamPool,
+    backend: Backend,
+    origin: str,
+    path: str,
+    body: bytes,
+    headers: Sequence[tuple[bytes, bytes]],
+    prompt_tokens: int,
+    limit_s: float,
+) -> bytes:
+    """POST a non-streamed leg the client never sees; its answer's body when it is a 200."""
+    dispatch = Dispatch(backend.load, prompt_tokens)
     try:
         async with asyncio.timeout(limit_s):
-            async with await pool.request(origin, path, headers, prefill_body(body)) as resp:
+            async with await pool.request(origin, path, headers, body) as resp:
                 data = await resp.read()
                 if resp.status != 200:
-                    raise PrefillFailed("status", f"{prefill.id} answered HTTP {resp.status}")
-        try:
-            params = orjson.loads(data).get("kv_transfer_params")
-        except (orjson.JSONDecodeError, AttributeError):
-            raise PrefillFailed("bad_response", f"{prefill.id} answered no JSON object") from None
-        if not isinstance(params, dict):
-            raise PrefillFailed("bad_response", f"{prefill.id} returned no kv_transfer_params")
-        return params
+                    raise PrefillFailed("status", f"{backend.id} answered HTTP {resp.status}")
+        return data
     except UpstreamError as e:
         reason = "timeout" if e.kind == "timeout" else "connect"
-        raise PrefillFailed(reason, f"{prefill.id}: {e}") from None
+        raise PrefillFailed(reason, f"{backend.id}: {e}") from None
     except TimeoutError:
-        raise PrefillFailed("timeout", f"{prefill.id} took over {limit_s:g}s") from None
+        raise PrefillFailed("timeout", f"{backend.id} took over {limit_s:g}s") from None
     finally:
         dispatch.release()

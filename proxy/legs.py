@@ -17,8 +17,17 @@ import orjson
 from fleet.types import Backend
 from policies.base import Decision, NoCandidate, RequestContext
 from proxy.core import ProxyCore
-from proxy.disagg import PREFILLER_HEADER, PrefillFailed, decode_body, host_port, run_prefill_leg
+from proxy.disagg import (
+    PREFILLER_HEADER,
+    PrefillFailed,
+    decode_body,
+    host_port,
+    pull_body,
+    run_one_token_leg,
+    run_prefill_leg,
+)
 from proxy.errors import ProxyError
+from proxy.move_kinds import transfers_kv
 from proxy.upstream import UpstreamError, UpstreamResponse, split_url
 
 log = logging.getLogger("fleet_proxy.legs")
@@ -48,6 +57,7 @@ class Leg:
         "backend",
         "closed",
         "decision",
+        "kind",
         "opened_at",
         "prefill",
         "reason",
@@ -62,8 +72,11 @@ class Leg:
         resp: UpstreamResponse,
         reason: str,
         tokens_before: int,
+        kind: str = "",
     ) -> None:
         self.decision = decision
+        # How a continuation's KV reached it (proxy/move_kinds.py); "" for a first leg.
+        self.kind = kind
         self.backend = decision.target
         self.prefill = prefill
         self.resp = resp
@@ -78,6 +91,7 @@ class Leg:
             "prefill": self.prefill.id if self.prefill is not None else None,
             "reason": self.reason,
             "tokens_before": self.tokens_before,
+            "kind": self.kind or None,
         }
 
 
@@ -142,6 +156,66 @@ class LegOpener:
         """Whether a backend other than `backend` may take a new request for `model` now."""
         core = self.core
         return any(b is not backend for b in core.fleet.candidates(model, core.clock.now()))
+
+    def transfers_kv(self, backend: Backend) -> bool:
+        """Whether `backend` sends and receives KV over NIXL (its `kv_connector` label)."""
+        return transfers_kv(backend.spec.labels)
+
+    def others_transfer_kv(self, backend: Backend, model: str) -> bool:
+        """Whether a backend other than `backend` that may take `model` now transfers KV."""
+        core = self.core
+        return any(
+            b is not backend and transfers_kv(b.spec.labels)
+            for b in core.fleet.candidates(model, core.clock.now())
+        )
+
+    async def kv_from(
+        self,
+        backend: Backend,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: dict[str, Any],
+        tokens: int,
+        kind: str,
+    ) -> dict[str, Any] | None:
+        """The kv_transfer_params of a 1-token `do_remote_decode` leg of `body` on `backend`
+        (which then holds those blocks for a pull); None when it failed."""
+        origin, full_path = self.target(backend, path)
+        try:
+            kv = await run_prefill_leg(
+                self.core.upstream_pool(), backend, origin, full_path, body, headers, tokens,
+                self.settings.pd_prefill_timeout,
+            )  # fmt: skip
+        except PrefillFailed as e:
+            self.core.metrics.migration_kv_legs.labels(kind, e.reason).inc()
+            log.warning("%s KV leg on %s failed (%s)", kind, backend.id, e)
+            return None
+        self.core.metrics.migration_kv_legs.labels(kind, "ok").inc()
+        return kv
+
+    async def pull_kv(
+        self,
+        backend: Backend,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: dict[str, Any],
+        kv: dict[str, Any],
+        tokens: int,
+    ) -> bool:
+        """Have `backend` pull the KV `kv` names into its prefix cache (a 1-token leg whose
+        answer is dropped); False when it failed."""
+        origin, full_path = self.target(backend, path)
+        try:
+            await run_one_token_leg(
+                self.core.upstream_pool(), backend, origin, full_path, pull_body(body, kv),
+                headers, tokens, self.settings.pd_prefill_timeout,
+            )  # fmt: skip
+        except PrefillFailed as e:
+            self.core.metrics.migration_kv_legs.labels("precopy", f"pull_{e.reason}").inc()
+            log.warning("pre-copy pull on %s failed (%s)", backend.id, e)
+            return False
+        self.core.metrics.migration_kv_legs.labels("precopy", "pull_ok").inc()
+        return True
 
     def target(self, backend: Backend, path: str) -> tuple[str, str]:
         """The origin and full path of `path` on `backend` (its URL may carry a prefix)."""

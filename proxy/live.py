@@ -32,6 +32,7 @@ class MoveResult:
     tokens: int = 0  # generated tokens the client had when the stream was cut
     downtime_s: float | None = None  # last token from the source to first from the target
     detail: str = ""
+    kind: str = "recompute"  # how the KV reached the target (proxy/move_kinds.py)
 
     @property
     def ok(self) -> bool:
@@ -90,9 +91,12 @@ class LiveEntry(Protocol):
         """When (clock seconds) a byte last came from its current backend; 0 if none."""
         ...
 
-    async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
+    async def move(
+        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+    ) -> MoveResult:
         """Cut the stream after the last token its client received and continue it on `to`
-        (None: where the policy chooses). Raises NotMovable."""
+        (None: where the policy chooses); `kind`: auto, recompute, handover or precopy (None:
+        the `move_kind` setting). Raises NotMovable."""
         ...
 
 

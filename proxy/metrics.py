@@ -88,6 +88,29 @@ class RouterMetrics:
             "Tokens a move's target prefilled again (prompt + tokens already generated)",
             registry=registry,
         )
+        # By kind in series of their own: the metrics above keep their label sets.
+        self.migrations_by_kind = Counter(
+            "fleet_proxy_migrations_by_kind",
+            "Moves by how the KV reached the target (recompute, handover, precopy) and outcome "
+            "(ok, failed)",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.migration_downtime_by_kind = Histogram(
+            "fleet_proxy_migration_downtime_by_kind_seconds",
+            "fleet_proxy_migration_downtime_seconds by how the KV reached the target",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.migration_kv_legs = Counter(
+            "fleet_proxy_migration_kv_legs",
+            "KV legs of handover and pre-copy moves (the source's 1-token do_remote_decode "
+            "request, a pre-copy's pull on the target), by kind and outcome (ok, or why it "
+            "failed: the move then recomputes)",
+            ["kind", "outcome"],
+            registry=registry,
+        )
         self.not_movable = Counter(
             "fleet_proxy_requests_not_movable",
             "Generation requests that cannot move to another backend mid-stream, by reason",
@@ -158,6 +181,9 @@ class RouterMetrics:
 
     def count_migration(self, reason: str, outcome: str) -> None:
         self.migrations.labels(reason, outcome).inc()
+
+    def count_migration_kind(self, kind: str, outcome: str) -> None:
+        self.migrations_by_kind.labels(kind, outcome).inc()
 
     def count_not_movable(self, reason: str) -> None:
         inc = self._not_movable_children.get(reason)

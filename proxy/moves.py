@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -22,10 +22,12 @@ from proxy.accounting import Dispatch
 from proxy.asgi import Send
 from proxy.assemble import Assembler
 from proxy.continuation import continuation_body
+from proxy.disagg import decode_body
 from proxy.errors import ProxyError, sse_error_event
 from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream
 from proxy.live import MoveResult, NotMovable
 from proxy.metrics import RouterMetrics
+from proxy.move_kinds import MoveKind, RequestedKind, choose_kind
 from proxy.settings import Settings
 from proxy.splice import Splicer, StreamIdentity
 from proxy.stream_tokens import TokenLedger
@@ -35,6 +37,7 @@ log = logging.getLogger("fleet_proxy.session")
 
 _CONTINUE_PATH = "/v1/completions"
 DONE_EVENT = b"data: [DONE]\n\n"
+_REQUESTED = frozenset(("auto", "recompute", "handover", "precopy"))
 
 
 class Break:
@@ -48,11 +51,15 @@ class Break:
 
 
 class MoveOrder:
-    __slots__ = ("done", "reason", "to")
+    __slots__ = ("done", "kind", "reason", "staged", "to")
 
-    def __init__(self, to: Backend | None, reason: str) -> None:
+    def __init__(
+        self, to: Backend | None, reason: str, kind: MoveKind = "recompute", staged: int = 0
+    ) -> None:
         self.to = to
         self.reason = reason
+        self.kind = kind
+        self.staged = staged  # pre-copy: tokens whose KV sits in `to`'s prefix cache
         self.done: asyncio.Future[MoveResult] = asyncio.get_running_loop().create_future()
 
 
@@ -66,6 +73,7 @@ class SessionMoves:
         "_opening_resp",
         "_order",
         "_splicer",
+        "_staging",
         "_wait_from",
         "moves",
     )
@@ -86,6 +94,7 @@ class SessionMoves:
     _opener: LegOpener
     _send: Send
     _order: MoveOrder | None
+    _staging: bool  # a pre-copy is staging the KV on its target; the stream still flows
     _opening: Backend | None  # the backend a leg is being opened on, before its head came
     _opening_resp: UpstreamResponse | None
     _cut_at: float | None
@@ -123,14 +132,42 @@ class SessionMoves:
     def _leg_headers(self) -> list[tuple[bytes, bytes]]:
         raise NotImplementedError
 
-    async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
+    async def move(
+        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+    ) -> MoveResult:
         """Cut the stream after the last token its client received and continue it on `to`
-        (None: where the policy chooses); resolves once the target sent its first token, the
+        (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
+        setting; proxy/move_kinds.py); resolves once the target sent its first token, the
         move failed, or the request ended first. Raises NotMovable."""
+        requested = kind or self._settings.move_kind
+        if requested not in _REQUESTED:
+            raise NotMovable("unknown_kind")
+        leg = self._check_movable(to)
+        move_kind, to = self._plan_kind(leg, to, cast("RequestedKind", requested))
+        staged = 0
+        if move_kind == "precopy":
+            assert to is not None
+            self._staging = True
+            try:
+                staged = await self._precopy(leg, to)
+            finally:
+                self._staging = False
+            if not staged:
+                move_kind = "recompute"  # the staging failed: a plain move to the same target
+            if self.leg is leg and leg.closed and self._cut_at is None and self._opening is None:
+                return MoveResult("finished", leg.backend.id, kind=move_kind)
+            leg = self._check_movable(to)  # it may have ended, failed or moved meanwhile
+        order = MoveOrder(to, reason, move_kind, staged)
+        self._order = order
+        leg.resp.interrupt(f"moved by the proxy ({reason})")
+        return await asyncio.shield(order.done)
+
+    def _check_movable(self, to: Backend | None) -> Leg:
+        """The leg a planned move to `to` would cut; raises NotMovable."""
         why = self.movable_reason(planned=True)
         if why:
             raise NotMovable(why)
-        if self._order is not None or self._cut_at is not None:
+        if self._order is not None or self._cut_at is not None or self._staging:
             raise NotMovable("move_in_progress")
         leg = self.leg
         if leg is None:
@@ -145,10 +182,67 @@ class SessionMoves:
             raise NotMovable("target_unavailable")
         if to is None and not self._opener.has_other(leg.backend, self.ctx.model):
             raise NotMovable("no_other_backend")
-        order = MoveOrder(to, reason)
-        self._order = order
-        leg.resp.interrupt(f"moved by the proxy ({reason})")
-        return await asyncio.shield(order.done)
+        return leg
+
+    def _plan_kind(
+        self, source: Leg, to: Backend | None, requested: RequestedKind
+    ) -> tuple[MoveKind, Backend | None]:
+        """The kind of a planned move, and its target when a pre-copy needs one now."""
+        opener = self._opener
+        if requested == "recompute" or not opener.transfers_kv(source.backend):
+            return "recompute", to
+        if to is not None:
+            both = opener.transfers_kv(to)
+        else:
+            both = opener.others_transfer_kv(source.backend, self.ctx.model)
+        kind = choose_kind(self._tokens_to_move(), both, self._settings.move_costs(), requested)
+        if kind == "precopy" and to is None:
+            # Staging needs its target now: the policy's pick, then fixed for this move.
+            try:
+                decision = opener.choose(self.ctx, {source.backend.id}, first=False)
+            except ProxyError:
+                return "recompute", None
+            self._policy_done(decision)  # the pick only names the target; no leg went there
+            if not opener.transfers_kv(decision.target):
+                return "recompute", None
+            to = decision.target
+        return kind, to
+
+    def _tokens_to_move(self) -> int:
+        ledger = self.ledger
+        if ledger is None:
+            return self.ctx.prompt_tokens
+        prompt = ledger.prompt_ids()
+        return (len(prompt) if prompt is not None else self.ctx.prompt_tokens) + len(
+            ledger.generated
+        )
+
+    async def _precopy(self, source: Leg, target: Backend) -> int:
+        """Stage the KV of prompt + the tokens generated so far in `target`'s prefix cache while
+        the source keeps decoding; the tokens staged, 0 when the staging failed."""
+        ledger = self.ledger
+        assert ledger is not None
+        prompt_ids = ledger.prompt_ids()
+        if prompt_ids is None:
+            return 0
+        generated = list(ledger.generated)
+        try:
+            body = continuation_body(
+                self.ctx.endpoint, self.ctx.body, prompt_ids, generated,
+                max_model_len=source.backend.max_model_len,
+            )  # fmt: skip
+        except ValueError:
+            return 0
+        tokens = len(prompt_ids) + len(generated)
+        # Both legs share one request id, as a P/D prefill and decode leg do.
+        headers = self._leg_headers()
+        opener = self._opener
+        kv = await opener.kv_from(source.backend, _CONTINUE_PATH, headers, body, tokens, "precopy")
+        if kv is None or not await opener.pull_kv(
+            target, _CONTINUE_PATH, headers, body, kv, tokens
+        ):
+            return 0
+        return tokens
 
     async def _next_leg(self, brk: Break) -> bool:
         """Continue the request after its leg stopped; False when it cannot (the client then
@@ -162,6 +256,7 @@ class SessionMoves:
         if self._cut_at is not None:
             # The previous move's target broke before its first token.
             self._metrics.count_migration(source.reason, "failed")
+            self._metrics.count_migration_kind(source.kind, "failed")
         if order is None:
             self._eject(source.backend, brk)
             reason = "backend_stalled" if brk.kind == "stalled" else "backend_failed"
@@ -192,8 +287,12 @@ class SessionMoves:
     ) -> bool:
         ctx = self.ctx
         cut_at = self.last_sent or time.perf_counter()
+        kind: MoveKind = "recompute" if order is None else order.kind
+        kv_body: bytes | None = None
+        kv_headers: list[tuple[bytes, bytes]] | None = None
         if restart or ledger is None:
             path, body, prompt_len, tokens = self.path, self._first_body, ctx.prompt_tokens, 0
+            kind = "recompute"
         else:
             sent = len(ledger.generated)
             ledger.rewind_to_safe()
@@ -216,11 +315,23 @@ class SessionMoves:
                 return await self._give_up(source, f"the request cannot continue: {e}")
             path, body = _CONTINUE_PATH, orjson.dumps(continued)
             prompt_len, tokens = len(prompt_ids) + len(generated), len(generated)
+            if kind == "handover":
+                # The source's prefix cache still holds the aborted request's blocks: it
+                # computes the last few tokens and offers the KV for the target to pull.
+                kv_headers = self._leg_headers()
+                kv = await self._opener.kv_from(
+                    source.backend, path, kv_headers, continued, prompt_len, "handover"
+                )
+                if kv is not None:
+                    kv_body = decode_body(continued, kv)
+                else:
+                    kind, kv_headers = "recompute", None
         # Backends that broke are out of the candidates until their health check passes.
         required = order.to if order is not None else None
         leg, detail = await self._open_continuation(
-            path, body, prompt_len, {source.backend.id}, required, reason, tokens
-        )
+            path, body, prompt_len, {source.backend.id}, required, reason, tokens,
+            kind=kind, kv_body=kv_body, kv_headers=kv_headers,
+        )  # fmt: skip
         if leg is None and order is not None:
             # A planned move must not cost the client its answer: back on the source, which
             # was healthy (a drain only stops new requests).
@@ -229,6 +340,7 @@ class SessionMoves:
             )
         if leg is None:
             self._metrics.count_migration(reason, "failed")
+            self._metrics.count_migration_kind(kind, "failed")
             return await self._give_up(source, f"the request could not continue: {detail}")
         if ledger is None:
             pass  # an untracked stream sent again: relayed as it comes
@@ -240,10 +352,15 @@ class SessionMoves:
             self._splicer = self._make_splicer(ledger, prompt_len - tokens, tokens, resent)
         self.moves += 1
         self._cut_at = cut_at
-        self._metrics.migration_recomputed_tokens.inc(prompt_len)
+        moved = 0  # tokens whose KV reached the target without a prefill there
+        if leg.kind == "handover":
+            moved = prompt_len
+        elif leg.kind == "precopy" and order is not None:
+            moved = min(order.staged, prompt_len)
+        self._metrics.migration_recomputed_tokens.inc(prompt_len - moved)
         log.info(
-            "request %s: moved %s -> %s after %d tokens (%s)",
-            ctx.request_id, source.backend.id, leg.backend.id, tokens, reason,
+            "request %s: moved %s -> %s after %d tokens (%s, %s)",
+            ctx.request_id, source.backend.id, leg.backend.id, tokens, reason, leg.kind,
         )  # fmt: skip
         return True
 
@@ -258,10 +375,15 @@ class SessionMoves:
         tokens: int,
         *,
         force: bool = False,
+        kind: MoveKind = "recompute",
+        kv_body: bytes | None = None,
+        kv_headers: list[tuple[bytes, bytes]] | None = None,
     ) -> tuple[Leg | None, str]:
         """The next leg, on the policy's choice (or `required`, even one not routable now
         with `force`) outside `exclude`, trying another backend after a failed connection;
-        None and why when none answered."""
+        None and why when none answered. `kv_body` (a handover's continuation, sent with
+        `kv_headers` first) goes to a target that transfers KV, `body` to any other; a
+        pre-copy's KV is only on `required`."""
         detail = "no backend could continue it"
         for _ in range(self._settings.max_attempts):
             try:
@@ -274,12 +396,21 @@ class SessionMoves:
             except ProxyError as e:
                 return None, e.message
             target = decision.target
-            self.dispatch.move(target.load, prompt_len)
+            if kind == "handover":
+                use_kv = kv_body is not None and self._opener.transfers_kv(target)
+                leg_kind: MoveKind = "handover" if use_kv else "recompute"
+            else:
+                use_kv = False
+                leg_kind = "precopy" if kind == "precopy" and target is required else "recompute"
+            headers = kv_headers if use_kv and kv_headers is not None else self._leg_headers()
+            kv_headers = None  # a retry elsewhere gets an id of its own
+            # A target pulling the KV computes next to nothing, as a P/D decode leg.
+            self.dispatch.move(target.load, 0 if use_kv else prompt_len)
             self._opening = target
             self._wait_from = self._clock.now()
             try:
                 resp = await self._opener.request(
-                    target, path, self._leg_headers(), body, self._sent
+                    target, path, headers, kv_body if use_kv and kv_body else body, self._sent
                 )
             except RetryableUpstream as e:
                 self._note_failure(e)
@@ -298,7 +429,7 @@ class SessionMoves:
                 self.dispatch.release()
                 self._policy_done(decision)
                 return None, f"{target.id} answered HTTP {resp.status}: {text}"
-            leg = Leg(decision, None, resp, reason, tokens)
+            leg = Leg(decision, None, resp, reason, tokens, leg_kind)
             self._begin_leg(leg)
             return leg, ""
         return None, detail

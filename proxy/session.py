@@ -121,6 +121,7 @@ class RequestSession(SessionMoves):
         self.last_sent = 0.0
         self.moves = 0
         self._order: MoveOrder | None = None
+        self._staging = False
         self._cut_at: float | None = None  # when the stream was cut for a move in progress
         self._splicer: Splicer | None = None
         self._charge = ctx.prompt_tokens
@@ -497,8 +498,11 @@ class RequestSession(SessionMoves):
         if cut_at is not None:
             self._cut_at = None
             downtime = now - cut_at
-            self._metrics.migration_downtime.observe(downtime)
-            self._metrics.count_migration(leg.reason, "ok")
+            metrics = self._metrics
+            metrics.migration_downtime.observe(downtime)
+            metrics.migration_downtime_by_kind.labels(leg.kind).observe(downtime)
+            metrics.count_migration(leg.reason, "ok")
+            metrics.count_migration_kind(leg.kind, "ok")
             self._resolve(
                 MoveResult(
                     "ok",
@@ -506,6 +510,7 @@ class RequestSession(SessionMoves):
                     leg.backend.id,
                     tokens=leg.tokens_before,
                     downtime_s=downtime,
+                    kind=leg.kind,
                 )
             )
 

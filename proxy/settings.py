@@ -30,6 +30,7 @@ from pydantic_settings import (
 
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
+from proxy.move_kinds import MoveCosts
 from proxy.url_policy import parse_allow_entry
 from rescheduler.config import (
     LOAD_METRICS,
@@ -130,6 +131,22 @@ class Settings(BaseSettings):
     max_moves: int = Field(3, ge=0, le=20, description="moves of one request, planned or not")
     move_timeout: float = Field(
         30.0, gt=0, allow_inf_nan=False, description="the admin API's wait for a planned move"
+    )
+    # How a planned move carries the KV to its target (proxy/move_kinds.py): `auto` picks per
+    # move by the predicted downtime below; a forced kind needing KV transfer (handover,
+    # precopy) falls back to recompute unless both ends have the label `kv_connector: nixl`.
+    move_kind: Literal["auto", "recompute", "handover", "precopy"] = "auto"
+    move_recompute_s_per_token: float = Field(
+        1e-4, ge=0, allow_inf_nan=False, description="a target's prefill cost per token"
+    )
+    move_transfer_s_per_token: float = Field(
+        1e-5, ge=0, allow_inf_nan=False, description="a NIXL KV pull's cost per token"
+    )
+    move_kv_leg_s: float = Field(
+        0.02, ge=0, allow_inf_nan=False, description="fixed cost of one extra 1-token request"
+    )
+    move_precopy_min_tokens: int = Field(
+        2048, ge=1, description="tokens (prompt + generated) from which `auto` pre-copies"
     )
     # Outcome-based ejection (fleet/outliers.py): a backend whose requests keep failing leaves
     # routing for a while, even when its /health answers.
@@ -358,6 +375,14 @@ class Settings(BaseSettings):
         if self.token_counter == "hf" and not self.tokenizer_path:
             raise ValueError("token_counter 'hf' needs tokenizer_path (a local tokenizer.json)")
         return self
+
+    def move_costs(self) -> MoveCosts:
+        return MoveCosts(
+            recompute_s_per_token=self.move_recompute_s_per_token,
+            transfer_s_per_token=self.move_transfer_s_per_token,
+            kv_leg_s=self.move_kv_leg_s,
+            precopy_min_tokens=self.move_precopy_min_tokens,
+        )
 
     def backend_specs(self) -> list[BackendSpec]:
         specs = [b.to_spec() for b in self.backends]

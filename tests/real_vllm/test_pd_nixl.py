@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.real_vllm.moves import Read, read_stream
 from tests.real_vllm.tier import Tier, engine_metric, engine_samples, start_proxy
 
 pytestmark = pytest.mark.real_vllm
@@ -169,5 +170,68 @@ def test_orchestrated_pd_through_the_proxy_equals_an_aggregated_run(
 
         plain = completion(decode.url, body, f"plain-{uuid.uuid4().hex}")["choices"][0]["token_ids"]
         assert tokens == plain
+    finally:
+        proxy.stop()
+
+
+async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
+    pd_tier: Tier, tmp_path: Path
+) -> None:
+    """A planned move with `kind: handover` between two NixlConnector kv_both engines: the
+    source answers a 1-token do_remote_decode leg from its cache, the target pulls the KV over
+    NIXL and continues; greedy output equals an uninterrupted run."""
+    first, second = pd_tier.engines
+    config = tmp_path / "handover.yaml"
+    nixl = {"kv_connector": "nixl"}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "backends": [
+                    {"url": first.url, "labels": nixl},
+                    {"url": second.url, "labels": nixl},
+                ],
+                "policy": "round_robin",
+                "pd_prefill_timeout": FIRST_DECODE_TIMEOUT,
+                "move_timeout": FIRST_DECODE_TIMEOUT,
+            }
+        )
+    )
+    proxy = start_proxy(pd_tier, "handover", tmp_path, config=config)
+    try:
+        rng = random.Random(uuid.uuid4().int)
+        prompt = [rng.randrange(16, 2000) for _ in range(300)]
+        body = {
+            "model": pd_tier.model,
+            "prompt": prompt,
+            "max_tokens": 40,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "stream": True,
+        }
+        results: list[dict[str, Any]] = []
+
+        async def move_it(read: Read) -> None:
+            r = await client.post(
+                f"{proxy.url}/admin/requests/{read.request_id}/migrate",
+                json={"kind": "handover"},
+            )
+            results.append(r.json())
+
+        async with httpx.AsyncClient(timeout=FIRST_DECODE_TIMEOUT) as client:
+            got = await read_stream(
+                client, f"{proxy.url}/v1/completions", body, after=8, action=move_it
+            )
+        [result] = results
+        assert result["outcome"] == "ok" and result["kind"] == "handover", (
+            result,
+            proxy.log_tail(),
+        )
+        target = pd_tier.by_backend_id(result["target"])
+        assert engine_metric(target.url, "vllm:nixl_xfer_time_seconds_count") >= 1
+        assert not got.errors and got.done == 1
+        plain_body = {k: v for k, v in body.items() if k != "stream"}
+        plain = completion(first.url, plain_body, f"plain-{uuid.uuid4().hex}")
+        assert got.token_ids == plain["choices"][0]["token_ids"]
     finally:
         proxy.stop()
