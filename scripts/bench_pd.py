@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench.artifacts import read_records, write_json  # noqa: E402
-from bench.cli import main as bench_main  # noqa: E402
+from bench.artifacts import read_records  # noqa: E402
 from bench.paired import paired_difference  # noqa: E402
 from bench.summary import dig  # noqa: E402
 
 cp = importlib.import_module("compare_peers")  # scripts/ is on sys.path, above
+sb = importlib.import_module("sim_bench")
 
 SETTINGS = ("aggregated", "disaggregated")
 # Single-turn requests with long, unique prompts (3k-12k tokens) and replies long enough
@@ -73,41 +73,6 @@ PD_ROUTING: dict[str, Any] = {
 }
 
 
-def start_sims(
-    args: argparse.Namespace, logs: Path, tag: str, roles: list[str]
-) -> tuple[list[Any], list[tuple[str, str]]]:
-    """One `fleet-proxy sim` process of 2 engines per role in `roles`: (procs, (url, role))."""
-    procs, backends = [], []
-    for i, role in enumerate(roles):
-        cmd = [
-            sys.executable,
-            "-c",
-            cp.SIM_MAIN,
-            "--engines",
-            "2",
-            "--base-port",
-            "0",
-            "--speed",
-            str(args.speed),
-            "--profile",
-            args.profile,
-            "--model",
-            args.model,
-            "--role",
-            role,
-        ]
-        proc = cp.Proc(cmd, logs / f"{tag}-sim{i}.log")
-        procs.append(proc)
-
-        def urls(proc: Any = proc) -> list[str]:
-            lines = proc.log.read_text().splitlines()
-            return [x.strip() for x in lines if x.startswith("http://")]
-
-        cp.wait_until(lambda urls=urls: len(urls()) >= 2, proc, 60, "simulated fleet")
-        backends += [(u, role) for u in urls()[:2]]
-    return procs, backends
-
-
 def proxy_metrics(port: int) -> dict[str, float]:
     """The proxy's P/D counters (fleet_pd_decisions_total, prefill legs) at the end of a run."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
@@ -129,7 +94,7 @@ def run_setting(
     roles = ["both", "both"] if setting == "aggregated" else ["prefill", "decode"]
     load_before = os.getloadavg()
     started = time.time()
-    sims, backends = start_sims(args, logs, tag, roles)
+    sims, backends = sb.start_sims(args, logs, tag, roles)
     proxy = None
     try:
         config: dict[str, Any] = {
@@ -138,79 +103,24 @@ def run_setting(
         }
         config_file = bundle / "proxy.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-        port = cp.free_port()
-        proxy = cp.Proc(
-            [
-                sys.executable,
-                "-c",
-                cp.PROXY_MAIN,
-                "serve",
-                "--port",
-                str(port),
-                "--config",
-                str(config_file),
-                "--log-level",
-                "warning",
-            ],
-            logs / f"{tag}-proxy.log",
-        )
-        cp.wait_until(lambda: cp.answers(f"http://127.0.0.1:{port}/ready"), proxy, 60, "proxy")
+        proxy, port = sb.start_proxy(config_file, logs / f"{tag}-proxy.log")
         urls = [u for u, _ in backends]
-        with (bundle / "bench.out").open("w") as f:
-            saved, sys.stdout = sys.stdout, f
-            try:
-                code = bench_main(
-                    [
-                        "--target",
-                        f"{setting}=http://127.0.0.1:{port}",
-                        "--model",
-                        args.model,
-                        "--backend-metrics",
-                        *urls,
-                        "--router-setting",
-                        f"setting={setting}",
-                        "--out",
-                        str(bundle),
-                        "--no-progress",
-                        *bench_args,
-                    ]
-                )
-            finally:
-                sys.stdout = saved
-        if code != 0:
-            raise RuntimeError(f"bench exited {code} for {setting}")
-        write_json(
-            bundle / "machine.json",
-            {
-                "started_utc": time.strftime("%H:%M:%S", time.gmtime(started)),
-                "load_before": list(load_before),
-                "load_after": list(os.getloadavg()),
-                "sim_lag_fraction": [cp.sim_lag(u) for u in urls],
-                "proxy_pd": proxy_metrics(port),
-            },
-        )
+        sb.run_bench(
+            bundle,
+            [
+                "--target", f"{setting}=http://127.0.0.1:{port}", "--model", args.model,
+                "--backend-metrics", *urls, "--router-setting", f"setting={setting}",
+                "--out", str(bundle), "--no-progress", *bench_args,
+            ],
+            setting,
+        )  # fmt: skip
+        sb.write_machine(bundle, started, load_before, urls, proxy_pd=proxy_metrics(port))
     finally:
         if proxy is not None:
             proxy.stop()
         for s in sims:
             s.stop()
     return bundle
-
-
-def _summary(bundle: Path) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads((bundle / "summary.json").read_bytes())["runs"][0]
-    return data
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
-
-
-def _f(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
 
 
 ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
@@ -277,10 +187,10 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
         ttft = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
         itl = [x * 1000 for r in ok for x in r.itl_s]
         e2e = [r.e2e_s * 1000 for r in ok if r.e2e_s is not None]
-        tok_s = [dig(_summary(p), "throughput", "output_tokens_per_s") or 0.0 for p in paths]
-        ttft_q = {q: _pct(ttft, q) for q in (50, 90, 99)}
-        itl_q = {q: _pct(itl, q) for q in (50, 90, 99)}
-        e2e_p90 = _pct(e2e, 90)
+        tok_s = [dig(sb.summary_of(p), "throughput", "output_tokens_per_s") or 0.0 for p in paths]
+        ttft_q = {q: sb.pct(ttft, q) for q in (50, 90, 99)}
+        itl_q = {q: sb.pct(itl, q) for q in (50, 90, 99)}
+        e2e_p90 = sb.pct(e2e, 90)
         rate = sum(tok_s) / len(tok_s) if tok_s else None
         errors = len(records) - len(ok)
         pooled[label] = {
@@ -293,10 +203,10 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
         }
         lines.append(
             f"| {label} | {len(paths)} | {len(ok)} | {errors} | "
-            + " | ".join(_f(ttft_q[q], 0) for q in (50, 90, 99))
+            + " | ".join(sb.fmt(ttft_q[q], 0) for q in (50, 90, 99))
             + " | "
-            + " | ".join(_f(itl_q[q], 1) for q in (50, 90, 99))
-            + f" | {_f(e2e_p90, 0)} | {_f(rate, 0)} |"
+            + " | ".join(sb.fmt(itl_q[q], 1) for q in (50, 90, 99))
+            + f" | {sb.fmt(e2e_p90, 0)} | {sb.fmt(rate, 0)} |"
         )
     lines += [
         "",
@@ -318,13 +228,13 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
             for le, v in engine_itl_buckets(p).items():
                 hist[le] = hist.get(le, 0.0) + v
         itl_q = {q: histogram_quantile(q / 100, hist) for q in (50, 90, 99)}
-        pooled[label]["tpot_engine_ms"] = {q: _pct(tpot, q) for q in (50, 90, 99)}
+        pooled[label]["tpot_engine_ms"] = {q: sb.pct(tpot, q) for q in (50, 90, 99)}
         pooled[label]["engine_itl_ms"] = {q: v * 1000 if v else None for q, v in itl_q.items()}
         lines.append(
             f"| {label} | "
-            + " | ".join(_f(_pct(tpot, q), 1) for q in (50, 90, 99))
+            + " | ".join(sb.fmt(sb.pct(tpot, q), 1) for q in (50, 90, 99))
             + " | "
-            + " | ".join(_f(pooled[label]["engine_itl_ms"][q], 1) for q in (50, 90, 99))
+            + " | ".join(sb.fmt(pooled[label]["engine_itl_ms"][q], 1) for q in (50, 90, 99))
             + " |"
         )
     lines.append("")
@@ -340,8 +250,8 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
         ]
         for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
             for q in ("p50", "p90", "p99"):
-                va = [dig(_summary(p), metric, q) for p in bundles[a][:n]]
-                vb = [dig(_summary(p), metric, q) for p in bundles[b][:n]]
+                va = [dig(sb.summary_of(p), metric, q) for p in bundles[a][:n]]
+                vb = [dig(sb.summary_of(p), metric, q) for p in bundles[b][:n]]
                 if any(v is None for v in va + vb):
                     continue
                 d = paired_difference(va, vb).to_json()
@@ -368,7 +278,7 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
                 for key, v in m["proxy_pd"].items()
                 if key.startswith("fleet_pd_decisions_total") and v
             )
-            run = _summary(p)
+            run = sb.summary_of(p)
             hist = engine_itl_buckets(p)
             engine_itl = histogram_quantile(0.99, hist)
             slow = share_above(0.05, hist)
@@ -380,11 +290,11 @@ def tables(bundles: dict[str, list[Path]], speed: float) -> tuple[str, dict[str,
                 dig(run, "itl_ms", "p99"),
                 engine_itl * 1000 if engine_itl is not None else None,
             ]
-            slow_pct = _f(slow * 100 if slow is not None else None, 2)
+            slow_pct = sb.fmt(slow * 100 if slow is not None else None, 2)
             lines.append(
                 f"| {label} {k} | {m['started_utc']} | {m['load_before'][0]:.1f} / "
-                f"{m['load_after'][0]:.1f} | {_f(max(lags) * 100 if lags else None)} | "
-                + " | ".join(_f(v, 0) for v in figures)
+                f"{m['load_after'][0]:.1f} | {sb.fmt(max(lags) * 100 if lags else None)} | "
+                + " | ".join(sb.fmt(v, 0) for v in figures)
                 + f" | {slow_pct} | {pd or '-'} |"
             )
     return "\n".join(lines), {"pooled": pooled, "paired": pairs}
@@ -422,24 +332,16 @@ def main(argv: list[str]) -> int:
         print(tables(done, args.speed)[0])
         return 0
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    bundles: dict[str, list[Path]] = {s: [] for s in SETTINGS}
-    try:
-        for k in range(args.repeat):
-            for s in SETTINGS:
-                print(f"== {s} run {k}  load {os.getloadavg()[0]:.1f}", flush=True)
-                bundles[s].append(run_setting(s, k, args, bench_args, out))
-    except KeyboardInterrupt:
-        print("interrupted: tabulating what ran", file=sys.stderr)
+    bundles = sb.run_alternating(
+        SETTINGS, args.repeat, lambda setting, k: run_setting(setting, k, args, bench_args, out)
+    )
     table, data = tables(bundles, args.speed)
     command = " ".join(["scripts/bench_pd.py", *argv, "--", *bench_args])
     text = (
         f"# P/D disaggregation vs aggregated ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
         f"\n\n`{command}`\n\nspeed {args.speed}, profile {args.profile}\n\n{table}\n"
     )
-    (out / "pd.md").write_text(text)
-    write_json(out / "pd.json", data)
-    print(text)
-    print(f"artifacts: {out}")
+    sb.write_report(out, "pd", text, data)
     return 0
 
 

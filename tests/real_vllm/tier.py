@@ -216,9 +216,11 @@ def start_proxy(
         for e in tier.engines:
             cmd += ["--backend", e.url]
     log = log_dir / f"proxy-{policy}-{port}.log"
-    # These CPU engines sometimes hold their output for seconds: a stall here is not a
-    # dead engine, and a move the test did not ask for would change what it observes.
-    env = {**os.environ, "FLEET_PROXY_STALL_TIMEOUT": "60"}
+    # These CPU engines sometimes hold their output for seconds, and on 2 loaded cores their
+    # API server may not accept a connection for as long: a stall or a slow connect here is
+    # not a dead engine, and a move or retry the test did not ask for would change what it
+    # observes. (A killed engine refuses connections at once.)
+    env = {**os.environ, "FLEET_PROXY_STALL_TIMEOUT": "60", "FLEET_PROXY_CONNECT_TIMEOUT": "30"}
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
     proxy = Proxy(f"http://127.0.0.1:{port}", policy, process, log)
