@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept generation requests but never answer them; /health and /metrics answer",
     )
     f.add_argument(
+        "--fault-metrics-unavailable",
+        action="store_true",
+        help="answer /metrics with 503 while serving everything else",
+    )
+    f.add_argument(
         "--fault-die-after-tokens",
         type=int,
         help="crash once a request has produced this many tokens",
@@ -81,6 +86,7 @@ def _fault_update(args: argparse.Namespace) -> dict[str, object]:
         "slowdown": args.fault_slowdown,
         "hang": True if args.fault_hang else None,
         "stall_generation": True if args.fault_stall_generation else None,
+        "metrics_unavailable": True if args.fault_metrics_unavailable else None,
         "die_after_tokens": args.fault_die_after_tokens,
         "cut_stream_after_tokens": args.fault_cut_stream_after_tokens,
         "recover_after_s": args.fault_recover_after,

@@ -7,6 +7,8 @@
   accepted and never answered and running requests stall, while `/health`, `/metrics`,
   `/v1/models` and the rest answer as usual (an engine core that stopped stepping behind a
   live API server).
+- `metrics_unavailable`: `/metrics` answers 503 while everything else answers as usual (a
+  broken metrics exporter: to a router the engine's numbers go stale while it still serves).
 - `error_rate`: that fraction of completion requests is answered 500 (a seeded RNG, so a
   test sees the same sequence every run).
 - `slowdown`: every engine step takes this many times longer.
@@ -30,6 +32,7 @@ class FaultSettings:
     recover_after_s: float | None = None
     hang: bool = False
     stall_generation: bool = False
+    metrics_unavailable: bool = False
     error_rate: float = 0.0
     slowdown: float = 1.0
     die_after_tokens: int | None = None
@@ -51,7 +54,7 @@ def parse_fault_update(body: Any) -> dict[str, Any]:
         raise ValueError(f"unknown fault fields: {sorted(unknown)}; known: {sorted(_FIELDS)}")
     out: dict[str, Any] = {}
     for key, value in body.items():
-        if key in ("crash", "hang", "stall_generation"):
+        if key in ("crash", "hang", "stall_generation", "metrics_unavailable"):
             if not isinstance(value, bool):
                 raise ValueError(f"{key} must be true or false")
         elif key in ("die_after_tokens", "cut_stream_after_tokens"):

@@ -214,6 +214,8 @@ class EngineServer:
         return _json({"server_load": self.in_flight})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.engine.faults.settings.metrics_unavailable:
+            return _json(error_body("metrics are unavailable (simulated fault)", 503), 503)
         body = self.engine.metrics.render(self.engine.core)
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
@@ -304,6 +306,7 @@ class EngineServer:
             {
                 "hang": False,
                 "stall_generation": False,
+                "metrics_unavailable": False,
                 "error_rate": 0.0,
                 "slowdown": 1.0,
                 "die_after_tokens": None,

@@ -116,7 +116,8 @@ async def test_a_drained_backends_streams_fail_over_outside_its_node(fleet: SimF
         assert running_on(fleet, 1) == 0
         state = (await client.get(url + "/admin/rescheduler")).json()
         assert state["enabled"] is True and state["config"]["failover_domain"] == "node"
-        moved = [p for c in state["cycles"] for p in c["pairs"]]
+        moved = [p for c in state["migrating_cycles"] for p in c["pairs"]]
+        assert moved
         assert all(p["policy"] == "neutral_failover" and p["target"] == "e2" for p in moved)
         counts = await migrations_metric(client, url, "fleet_proxy_rescheduling_migrations_total")
         assert counts.get('outcome="ok",policy="neutral_failover"') == 4.0
@@ -148,6 +149,72 @@ async def test_a_skewed_fleet_is_rebalanced_by_neutral_load(fleet: SimFleet) -> 
         await eventually(lambda: running_on(fleet, 1) >= 3, within=15)
         assert running_on(fleet, 0) <= 3
         all_whole(list(await asyncio.gather(*tasks)), text)
+
+
+async def test_a_stale_backends_streams_fail_over(fleet: SimFleet) -> None:
+    """An engine whose /metrics stops answering still serves, but its numbers go stale:
+    after `instance_staleness_seconds` its streams move, though its health check passes."""
+    settings = fast_settings(
+        backends(fleet, ["n1", "n2"]),
+        policy="round_robin",
+        enable_rescheduling=True,
+        rescheduling_interval_ms=100,
+        rescheduling_policies="neutral_failover",
+        instance_staleness_seconds=1.0,
+    )
+    body = body_for(PATH, max_tokens=1500)
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(timeout=60) as client:
+        text = await reference(client, fleet, body)
+        assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
+        tasks, started = await start_streams(client, url, body, 3)
+        await asyncio.wait_for(started.wait(), timeout=30)
+        assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
+        fault = await client.post(
+            f"{fleet.urls[0]}/_sim/faults", json={"metrics_unavailable": True}
+        )
+        assert fault.status_code == 200
+        await eventually(lambda: not app.core.live.on_backend("e0"), within=20)
+        assert len(app.core.live.on_backend("e1")) == 3
+        assert app.core.fleet.get("e0").healthy  # it was its staleness that moved them
+        all_whole(list(await asyncio.gather(*tasks)), text)
+        counts = await migrations_metric(client, url, "fleet_proxy_rescheduling_migrations_total")
+        assert counts.get('outcome="ok",policy="neutral_failover"') == 3.0
+
+
+async def test_consolidation_empties_the_less_loaded_engine(fleet: SimFleet) -> None:
+    """Two engines decoding far under the TPOT target: binpacking_consolidation moves the
+    lighter one's requests to the other, which stays under the dispatch threshold, and the
+    lighter engine (by its own count) runs nothing."""
+    settings = fast_settings(
+        backends(fleet, ["n1", "n2"]),
+        policy="round_robin",
+        enable_rescheduling=True,
+        rescheduling_interval_ms=100,
+        rescheduling_policies="binpacking_consolidation",
+        tpot_slo=500,  # floor 300 ms, dispatch 425 ms: far over a simulated H100's ITL
+    )
+    body = body_for(PATH, max_tokens=1500)
+    async with running_proxy(settings) as (url, _app), httpx.AsyncClient(timeout=60) as client:
+        text = await reference(client, fleet, body)
+        # One stream on e0, three on e1.
+        assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
+        one, started_one = await start_streams(client, url, body, 1)
+        await asyncio.wait_for(started_one.wait(), timeout=30)
+        assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
+        assert (await client.post(f"{url}/admin/backends/e0/drain")).status_code == 200
+        three, started_three = await start_streams(client, url, body, 3)
+        await asyncio.wait_for(started_three.wait(), timeout=30)
+        assert (await client.post(f"{url}/admin/backends/e0/undrain")).status_code == 200
+        # Consolidated: one engine runs all four, the other none.
+        await eventually(
+            lambda: sorted((running_on(fleet, 0), running_on(fleet, 1))) == [0, 4], within=20
+        )
+        all_whole(list(await asyncio.gather(*one, *three)), text)
+        state = (await client.get(url + "/admin/rescheduler")).json()
+        pairs = [p for c in state["migrating_cycles"] for p in c["pairs"]]
+        assert pairs and all(p["policy"] == "binpacking_consolidation" for p in pairs)
+        counts = await migrations_metric(client, url, "fleet_proxy_rescheduling_migrations_total")
+        assert counts.get('outcome="ok",policy="binpacking_consolidation"', 0) >= 1
 
 
 async def test_standalone_reschedule_moves_a_running_proxys_requests(fleet: SimFleet) -> None:

@@ -4,8 +4,11 @@ generates; greedy output must equal an ordinary run of the same request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ pytestmark = pytest.mark.real_vllm
 
 MAX_TOKENS = 20
 FIRST_DECODE_TIMEOUT = 180.0  # the first transfer includes the NIXL handshake (~30 s here)
+# A try whose stream ended before the move reached it is made again.
+TRIES = 3
 REMOTE_DECODE = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -198,32 +203,53 @@ async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
     )
     proxy = start_proxy(pd_tier, "handover", tmp_path, config=config)
     try:
-        rng = random.Random(uuid.uuid4().int)
-        prompt = [rng.randrange(16, 2000) for _ in range(300)]
-        body = {
-            "model": pd_tier.model,
-            "prompt": prompt,
-            "max_tokens": 40,
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-            "stream": True,
-        }
         results: list[dict[str, Any]] = []
 
         async def move_it(read: Read) -> None:
-            r = await client.post(
-                f"{proxy.url}/admin/requests/{read.request_id}/migrate",
-                json={"kind": "handover"},
-            )
-            results.append(r.json())
+            # Frozen, the source cannot finish the stream in one of its bursts before the move
+            # reaches it; it thaws while the proxy waits on its KV leg.
+            source = pd_tier.by_backend_id(read.backend)
+            os.killpg(source.pid, signal.SIGSTOP)
+            moving = None
+            try:
+                await asyncio.sleep(0.5)  # the proxy reads what the engine had sent
+                rows = (await client.get(proxy.url + "/admin/requests")).json()
+                if any(r["request_id"] == read.request_id for r in rows):
+                    moving = asyncio.create_task(
+                        client.post(
+                            f"{proxy.url}/admin/requests/{read.request_id}/migrate",
+                            json={"kind": "handover"},
+                        )
+                    )
+                    await asyncio.sleep(0.5)
+            finally:
+                os.killpg(source.pid, signal.SIGCONT)
+            if moving is not None:
+                results.append((await moving).json())
 
-        async with httpx.AsyncClient(timeout=FIRST_DECODE_TIMEOUT) as client:
-            got = await read_stream(
-                client, f"{proxy.url}/v1/completions", body, after=8, action=move_it
-            )
+        for _ in range(TRIES):
+            rng = random.Random(uuid.uuid4().int)
+            prompt = [rng.randrange(16, 2000) for _ in range(300)]
+            body = {
+                "model": pd_tier.model,
+                "prompt": prompt,
+                "max_tokens": 200,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "stream": True,
+            }
+            results.clear()
+            async with httpx.AsyncClient(timeout=FIRST_DECODE_TIMEOUT) as client:
+                got = await read_stream(
+                    client, f"{proxy.url}/v1/completions", body, after=8, action=move_it
+                )
+            if results:
+                break
+        else:
+            pytest.fail(f"in {TRIES} tries the stream ended before it could be moved")
         [result] = results
-        assert result["outcome"] == "ok" and result["kind"] == "handover", (
+        assert result.get("outcome") == "ok" and result.get("kind") == "handover", (
             result,
             proxy.log_tail(),
         )
