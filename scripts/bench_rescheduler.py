@@ -82,6 +82,11 @@ def skewed_trace(
 
 def proxy_config(fleet: str, setting: str, backends: list[tuple[str, str]], args: Any) -> Any:
     config: dict[str, Any] = {"backends": [{"url": u, "role": r} for u, r in backends]}
+    if fleet == "pd":
+        # The engines pull KV over (simulated) NIXL: a move hands the KV over rather than
+        # prefilling it again on a decode engine, where it would slow every decode.
+        for b in config["backends"]:
+            b["labels"] = {"kv_connector": "nixl"}
     if fleet == "aggregated":
         config["policy"] = "round_robin"
     else:
@@ -104,10 +109,13 @@ def proxy_config(fleet: str, setting: str, backends: list[tuple[str, str]], args
                 "rescheduling_neutral_load_metric": "kv_cache_usage_ratio_projected",
                 "rescheduling_neutral_load_threshold": args.threshold,
                 "rescheduling_load_balance_threshold": args.min_difference,
+                "rescheduling_req_select_order": args.order,
+                "rescheduling_req_select_rule": args.rule,
+                "rescheduling_req_select_value": args.value,
             }
         else:
             config |= {
-                "rescheduling_policies": ["binpacking_mitigation", "binpacking_consolidation"],
+                "rescheduling_policies": args.pd_policies.split(","),
                 "tpot_slo": args.tpot_slo_ms,
             }
     return config
@@ -117,7 +125,11 @@ def migrations(port: int) -> dict[str, float]:
     """The proxy's migration and rescheduling counters at the end of a run."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    keep = ("fleet_proxy_migrations_total", "fleet_proxy_rescheduling_")
+    keep = (
+        "fleet_proxy_migrations_total",
+        "fleet_proxy_migrations_by_kind_total",
+        "fleet_proxy_rescheduling_",
+    )
     return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -256,13 +268,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--profile", default="h100-llama-8b")
     p.add_argument("--model", default="sim-llama-8b")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--duration", type=float, default=45.0, help="trace seconds (wall time)")
+    p.add_argument("--duration", type=float, default=30.0, help="trace seconds (wall time)")
     p.add_argument("--burst", type=int, default=8, help="requests per burst")
-    p.add_argument("--burst-every", type=float, default=2.5, help="wall seconds between bursts")
-    p.add_argument("--threshold", type=float, default=0.25, help="neutral load threshold")
+    p.add_argument("--burst-every", type=float, default=1.0, help="wall seconds between bursts")
+    p.add_argument("--threshold", type=float, default=0.2, help="neutral load threshold")
     p.add_argument("--min-difference", type=float, default=0.1, help="least load gap moved")
+    p.add_argument("--order", default="FCWSR", help="rescheduling_req_select_order (aggregated)")
+    p.add_argument("--rule", default="TOKEN", help="rescheduling_req_select_rule (aggregated)")
+    p.add_argument("--value", type=float, default=16384, help="rescheduling_req_select_value")
     p.add_argument("--tpot-slo-ms", type=float, default=50.0, help="engine ms (pd fleet)")
-    p.add_argument("--interval-ms", type=int, default=500)
+    p.add_argument(
+        "--pd-policies",
+        default="binpacking_mitigation,binpacking_consolidation",
+        help="rescheduling_policies (pd fleet)",
+    )
+    p.add_argument("--interval-ms", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("resched-%H%M%S"))
     args = p.parse_args(argv)
