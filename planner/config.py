@@ -105,13 +105,13 @@ def check_config(config: PlannerConfig) -> None:
     )
     floor_gpus = 0
     for role in c.roles:
-        low, high = c.replica_bounds(role)
-        need(low >= 1, f"min_{role}_replicas must be >= 1")
+        least, most = c.replica_bounds(role)
+        need(least >= 1, f"min_{role}_replicas must be >= 1")
         need(
-            high is None or high >= low,
-            f"max_{role}_replicas ({high}) must be >= min_{role}_replicas ({low})",
+            most is None or most >= least,
+            f"max_{role}_replicas ({most}) must be >= min_{role}_replicas ({least})",
         )
-        floor_gpus += low * c.engine_gpus(role)
+        floor_gpus += least * c.engine_gpus(role)
     need(
         floor_gpus <= c.max_gpu_budget,
         f"the minimum replicas need {floor_gpus} GPUs, over max_gpu_budget ({c.max_gpu_budget})",
