@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.config import PlannerConfig, Topology
 from planner.decide import PlannerState
 from planner.observe import Sample
@@ -28,5 +30,5 @@ def history(
     ]
 
 
-def state(prefill: int = 2, decode: int = 2, **kw: object) -> PlannerState:
-    return PlannerState(prefill, decode, last_adjustment_at=kw.pop("last", 0.0), **kw)  # type: ignore[arg-type]
+def state(prefill: int = 2, decode: int = 2, last: float = 0.0, **kw: Any) -> PlannerState:
+    return PlannerState(prefill, decode, last_adjustment_at=last, **kw)
