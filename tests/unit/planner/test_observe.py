@@ -19,7 +19,8 @@ def test_prefill_queue_is_waiting_over_capacity_and_kv_the_decode_mean() -> None
         ],
     )
     # 3 queued over 2 prefill workers of capacity 1; KV (0.8 + 0.4) / 2; prefill KV ignored.
-    assert s == Sample(7.0, 1.5, pytest.approx(0.6), prefill_replicas=2, decode_replicas=2)
+    assert (s.at, s.prefill_queue, s.prefill_replicas, s.decode_replicas) == (7.0, 1.5, 2, 2)
+    assert s.decode_kv == pytest.approx(0.6)
 
 
 def test_capacity_scales_the_queue() -> None:
