@@ -93,6 +93,15 @@ def _reschedule_parser(sub: Any) -> None:
     _rescheduler_flags(p)
 
 
+def _plan_parser(sub: Any) -> None:
+    from planner.standalone import add_flags
+
+    p = sub.add_parser(
+        "plan", help="run the autoscaling planner against a running proxy (docs/planner.md)"
+    )
+    add_flags(p)
+
+
 def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
@@ -217,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _reschedule_parser(sub)
+    _plan_parser(sub)
     sub.add_parser("demo", help="a simulated vLLM fleet plus the proxy, in one command")
     sub.add_parser("sim", help="run simulated vLLM engines (see `fleet-proxy sim --help`)")
     sub.add_parser("bench", help="replay a workload against a base_url (`fleet-proxy bench -h`)")
@@ -230,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_serve(settings)
     if args.command == "reschedule":
         return run_reschedule(args)
+    if args.command == "plan":
+        from planner.standalone import main as plan_main
+
+        return plan_main(args)
     parser.print_help()
     return 2
 

@@ -1,0 +1,49 @@
+"""`fleet-proxy plan`'s settings: YAML file, flags over it, validation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fleet.types import Role
+from planner.config import PlannerRole, Topology
+from planner.standalone import add_flags, build_config, build_local_settings
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    return p.parse_args(["--proxy", "http://127.0.0.1:1", *argv])
+
+
+def test_defaults_are_planner_config_defaults() -> None:
+    config = build_config(parse())
+    assert config.adjustment_interval == 30.0 and config.max_decode_replicas is None
+
+
+def test_flags_override_file(tmp_path: Path) -> None:
+    f = tmp_path / "plan.yaml"
+    f.write_text("adjustment_interval: 10\nno_operation: true\nmax_decode_replicas: 4\n")
+    config = build_config(parse("--config", str(f), "--adjustment-interval", "5"))
+    assert config.adjustment_interval == 5.0
+    assert config.no_operation is True and config.max_decode_replicas == 4
+
+
+def test_bad_settings_refused(tmp_path: Path) -> None:
+    f = tmp_path / "plan.yaml"
+    f.write_text("adjustment_intervall: 10\n")
+    with pytest.raises(ValueError, match="unknown planner settings"):
+        build_config(parse("--config", str(f)))
+    with pytest.raises(ValueError, match="adjustment_interval"):
+        build_config(parse("--adjustment-interval", "0.1", "--metric-pulling-interval", "1"))
+
+
+def test_aggregated_workers_register_as_both() -> None:
+    args = parse("--topology", "aggregated", "--decode-command", "vllm serve m --port {port}")
+    config = build_config(args)
+    assert config.topology is Topology.AGGREGATED
+    local = build_local_settings(args, config)
+    assert local.backend_roles[PlannerRole.DECODE] is Role.BOTH
+    assert local.commands[PlannerRole.DECODE] == ["vllm", "serve", "m", "--port", "{port}"]
