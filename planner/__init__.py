@@ -7,5 +7,12 @@ workers the fleet should have, from the load the proxy observes (docs/planner.md
 - `planner.sla`: the SLA arithmetic (replicas from a predicted load and profiled engines) and
   the load predictors.
 
-Nothing here does I/O or reads a clock; the runtime (connectors, drain, run modes) comes next.
+Those are pure: no I/O, no clock. The runtime around them:
+
+- `planner.connector`: `Connector`, how workers come and go (`FakeConnector` for tests);
+- `planner.admin`: `ProxyAdmin`, the proxy's admin API as the planner uses it;
+- `planner.drain`: which worker to remove and how to drain it without cutting a request;
+- `planner.local`: `LocalConnector`, workers as local processes;
+- `planner.loop`: `PlannerLoop`, pull, decide, apply;
+- `planner.standalone`: `fleet-proxy plan`.
 """
