@@ -120,7 +120,7 @@ class LocalConnector:
     async def start_worker(self, role: PlannerRole) -> LocalWorker:
         port = _free_port(self.settings.host)
         backend_role = self.settings.backend_roles.get(role, Role(role.value))
-        gpus = self._take_gpus(role)
+        gpus = self.gpus_for(role)
         template = self.settings.commands.get(role, SIM_COMMAND)
         args = [a.format(port=port, role=backend_role.value) for a in template]
         env = dict(os.environ)
@@ -174,7 +174,8 @@ class LocalConnector:
                     raise TimeoutError(f"worker {worker.id} not healthy in time")
                 await asyncio.sleep(self.settings.poll_s)
 
-    def _take_gpus(self, role: PlannerRole) -> tuple[str, ...]:
+    def gpus_for(self, role: PlannerRole) -> tuple[str, ...]:
+        """GPU ids for a new worker of `role`: the first free ones of the budget."""
         if not self.settings.gpus:
             return ()
         need = self.settings.engine_num_gpu.get(role, 1)
