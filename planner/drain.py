@@ -11,6 +11,7 @@ Only a worker with no request left is unregistered (DELETE), so its process may 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -49,6 +50,7 @@ class DrainReport:
     remaining: int  # requests still on the worker when the drain ended
     waited_s: float
     evacuated: dict[str, int] = field(default_factory=dict)  # move outcome -> requests
+    evacuate_error: str = ""  # the evacuate call failed: the requests are waited for instead
 
 
 async def remaining_on(proxy: ProxyAdmin, worker_id: str) -> int:
@@ -70,15 +72,28 @@ async def drain(
 ) -> DrainReport:
     start = clock.now()
     await proxy.drain(worker_id)
-    evacuated = await proxy.evacuate(worker_id)
-    while True:
-        left = await remaining_on(proxy, worker_id)
-        waited = clock.now() - start
-        if left == 0:
-            await proxy.remove_backend(worker_id)
-            return DrainReport(worker_id, DrainOutcome.DRAINED, 0, waited, evacuated)
-        if waited >= deadline_s:
-            # Back in rotation: a worker kept up should serve, not sit idle draining.
+    evacuated: dict[str, int] = {}
+    error = ""
+    try:
+        evacuated = await proxy.evacuate(worker_id)
+    except Exception as e:  # moves are an optimisation: unmoved requests still finish there
+        error = f"{type(e).__name__}: {e}"
+    try:
+        while True:
+            left = await remaining_on(proxy, worker_id)
+            waited = clock.now() - start
+            if left == 0:
+                await proxy.remove_backend(worker_id)
+                return DrainReport(worker_id, DrainOutcome.DRAINED, 0, waited, evacuated, error)
+            if waited >= deadline_s:
+                # Back in rotation: a worker kept up should serve, not sit idle draining.
+                await proxy.undrain(worker_id)
+                return DrainReport(
+                    worker_id, DrainOutcome.DRAIN_TIMEOUT, left, waited, evacuated, error
+                )
+            await sleep(min(poll_s, max(0.0, deadline_s - waited)))
+    except Exception:
+        # The proxy failed us mid-drain: put the worker back in rotation if it can be.
+        with contextlib.suppress(Exception):
             await proxy.undrain(worker_id)
-            return DrainReport(worker_id, DrainOutcome.DRAIN_TIMEOUT, left, waited, evacuated)
-        await sleep(min(poll_s, max(0.0, deadline_s - waited)))
+        raise

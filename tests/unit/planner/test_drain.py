@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fleet.clock import FakeClock
 from fleet.types import Role
 from planner.admin import LiveRequest
@@ -91,3 +93,41 @@ async def test_drain_idle_worker_removed_at_once() -> None:
     report = await drain(admin, "w1", 2.0, clock, sleep=sleep)
     assert report.outcome is DrainOutcome.DRAINED
     assert slept == []
+
+
+async def test_failed_evacuate_still_waits_for_the_requests() -> None:
+    class NoMoves(FakeAdmin):
+        async def evacuate(self, backend_id: str) -> dict[str, int]:
+            self.calls.append(("evacuate", backend_id))
+            raise TimeoutError("moves took too long")
+
+    admin = NoMoves()
+    admin.add("w1", Role.DECODE)
+    admin.live = [LiveRequest("w1", 10, 10)]
+    clock = FakeClock(0.0)
+    _, sleep = sleeper(clock)
+
+    def finish(a: FakeAdmin) -> None:
+        if clock.now() >= 0.5:
+            a.live = []
+
+    admin.on_poll = finish
+    report = await drain(admin, "w1", 5.0, clock, poll_s=0.25, sleep=sleep)
+    assert report.outcome is DrainOutcome.DRAINED
+    assert "moves took too long" in report.evacuate_error
+    assert admin.calls[-1] == ("remove", "w1")
+
+
+async def test_proxy_failing_mid_drain_undrains_and_raises() -> None:
+    class Flaky(FakeAdmin):
+        async def live_requests(self) -> list[LiveRequest]:
+            raise OSError("connection refused")
+
+    admin = Flaky()
+    admin.add("w1", Role.DECODE)
+    clock = FakeClock(0.0)
+    _, sleep = sleeper(clock)
+    with pytest.raises(OSError):
+        await drain(admin, "w1", 5.0, clock, sleep=sleep)
+    assert admin.calls[-1] == ("undrain", "w1")
+    assert not admin.backends_by_id["w1"].draining
