@@ -1,11 +1,18 @@
 """The rescheduler on two real engines: one engine runs both streams, the other none; the
 `neutral_load` policy moves one of them to the idle engine, and both clients still get the
-greedy output of an uninterrupted run."""
+greedy output of an uninterrupted run.
+
+These CPU engines may generate a whole stream while holding its output back for seconds, then
+send it in one burst: the busy engine is frozen (SIGSTOP) for the moment the rescheduler needs,
+so the streams are still running when it acts."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,8 @@ def rescheduling_config(tier: Tier, path: Path) -> Path:
         "rescheduling_req_select_value": 1,
         # Moves of a few thousand tokens on a loaded 2-core machine can take seconds.
         "rescheduling_migration_timeout": 60,
+        # The busy engine is frozen for a few seconds (see below): not a dead engine.
+        "unhealthy_after": 30,
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -57,15 +66,35 @@ def moved_ok(metrics: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-async def both_running_on(client: httpx.AsyncClient, proxy: Proxy, backend: str) -> bool:
+async def both_running_on(
+    client: httpx.AsyncClient, proxy: Proxy, backend: str, streams: list[asyncio.Task[Read]]
+) -> bool:
     """Both streams have relayed a few tokens from `backend`; False if one ended first."""
-    while True:
+    while not any(s.done() for s in streams):
         rows = (await client.get(proxy.url + "/admin/requests")).json()
-        if len(rows) < 2:
-            return False
-        if all(r["backend"] == backend and (r["tokens_generated"] or 0) >= 8 for r in rows):
+        if len(rows) == 2 and all(
+            r["backend"] == backend and (r["tokens_generated"] or 0) >= 8 for r in rows
+        ):
             return True
         await asyncio.sleep(0.02)
+    return False
+
+
+async def scraped_running(client: httpx.AsyncClient, proxy: Proxy, backend: str) -> float:
+    """The engine's own running count, as the proxy last scraped it."""
+    for b in (await client.get(proxy.url + "/admin/backends")).json():
+        if b["id"] == backend and b["metrics"] is not None:
+            return float(b["metrics"]["running"])
+    return 0.0
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], within: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 async def test_the_rescheduler_moves_a_running_request_off_the_busier_engine(
@@ -89,9 +118,29 @@ async def test_the_rescheduler_moves_a_running_request_off_the_busier_engine(
                     for _ in range(2)
                 ]
                 ready = await asyncio.wait_for(
-                    both_running_on(client, proxy, busy.backend_id), timeout=120
+                    both_running_on(client, proxy, busy.backend_id, streams), timeout=120
                 )
-                await client.post(f"{proxy.url}/admin/backends/{idle.backend_id}/undrain")
+
+                async def seen_running() -> bool:
+                    return await scraped_running(client, proxy, busy.backend_id) >= 2
+
+                async def moved(before: float = before) -> bool:
+                    text = (await client.get(f"{proxy.url}/metrics")).text
+                    return moved_ok(text) > before
+
+                # Once the proxy's scrape shows the busy engine running both, it is frozen
+                # (SIGSTOP), so that a burst cannot finish them before the rescheduler's next
+                # cycle; it thaws once the move is done, or after 10 s.
+                frozen = ready and await wait_for(seen_running, within=10)
+                if frozen:
+                    os.killpg(busy.pid, signal.SIGSTOP)
+                try:
+                    await client.post(f"{proxy.url}/admin/backends/{idle.backend_id}/undrain")
+                    if frozen:
+                        await wait_for(moved, within=10)
+                finally:
+                    if frozen:
+                        os.killpg(busy.pid, signal.SIGCONT)
                 results: list[Read] = await asyncio.gather(*streams)
                 metrics = (await client.get(f"{proxy.url}/metrics")).text
                 cycles = (await client.get(f"{proxy.url}/admin/rescheduler")).json()
