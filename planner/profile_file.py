@@ -4,7 +4,9 @@ field at fault rather than a KeyError deep in the arithmetic.
 
     {"format": "fleet-proxy-sla-profile/1",
      "sla": {"isl": 3000, "osl": 150, "ttft": 0.2, "itl": 0.02},   # what it was profiled for
-     "chosen": "tp1",                                             # the config the SLA mode uses
+     "chosen_prefill": "tp1",      # the config the SLA mode plans prefill workers with
+     "chosen_decode": "tp1",       # and decode workers with (chosen apart, as each role's
+                                   # best throughput per GPU may come from a different config)
      "configs": [
        {"name": "tp1", "num_gpu": 1,
         "prefill": {"points": [[isl, ttft_seconds], ...]},         # sorted by isl
@@ -77,7 +79,8 @@ class ConfigProfile(_Strict):
 class ProfileFile(_Strict):
     format: str = FORMAT
     sla: SlaTarget
-    chosen: str
+    chosen_prefill: str
+    chosen_decode: str
     configs: tuple[ConfigProfile, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -87,36 +90,45 @@ class ProfileFile(_Strict):
         names = [c.name for c in self.configs]
         if len(set(names)) != len(names):
             raise ValueError(f"config names repeat: {names}")
-        if self.chosen not in names:
-            raise ValueError(f"chosen config {self.chosen!r} is not among {names}")
+        for role, chosen in (("prefill", self.chosen_prefill), ("decode", self.chosen_decode)):
+            if chosen not in names:
+                raise ValueError(f"chosen_{role} config {chosen!r} is not among {names}")
         return self
 
-    def config(self, name: str | None = None) -> ConfigProfile:
-        wanted = name or self.chosen
+    def config(self, name: str) -> ConfigProfile:
         for c in self.configs:
-            if c.name == wanted:
+            if c.name == name:
                 return c
         have = [c.name for c in self.configs]
-        raise KeyError(f"no config {wanted!r} in the profile (have {have})")
+        raise KeyError(f"no config {name!r} in the profile (have {have})")
 
 
 @dataclass(frozen=True, slots=True)
-class EngineProfile:
-    """One configuration, as the SLA arithmetic (planner/sla.py) reads it."""
+class SlaProfiles:
+    """The prefill curve and decode grid the SLA arithmetic (planner/sla.py) reads, each from
+    its chosen configuration, with that configuration's name and GPUs per engine."""
 
-    name: str
-    num_gpu: int
     prefill: PrefillCurve
+    prefill_config: str
+    prefill_num_gpu: int
     decode: DecodeGrid
+    decode_config: str
+    decode_num_gpu: int
 
 
-def engine_profile(data: ProfileFile, name: str | None = None) -> EngineProfile:
-    c = data.config(name)
-    return EngineProfile(
-        name=c.name,
-        num_gpu=c.num_gpu,
-        prefill=PrefillCurve(c.prefill.points),
-        decode=DecodeGrid(c.decode.curves, c.decode.kv_tokens),
+def sla_profiles(
+    data: ProfileFile, prefill_config: str | None = None, decode_config: str | None = None
+) -> SlaProfiles:
+    """The chosen configurations, or those named."""
+    p = data.config(prefill_config or data.chosen_prefill)
+    d = data.config(decode_config or data.chosen_decode)
+    return SlaProfiles(
+        prefill=PrefillCurve(p.prefill.points),
+        prefill_config=p.name,
+        prefill_num_gpu=p.num_gpu,
+        decode=DecodeGrid(d.decode.curves, d.decode.kv_tokens),
+        decode_config=d.name,
+        decode_num_gpu=d.num_gpu,
     )
 
 
@@ -128,11 +140,13 @@ def read_profile_file(path: Path) -> ProfileFile:
         raise ValueError(f"{path}: not a usable SLA profile: {e}") from e
 
 
-def load_profile(path: Path, name: str | None = None) -> EngineProfile:
-    """The chosen configuration (or `name`) of the profile at `path`."""
+def load_profile(
+    path: Path, prefill_config: str | None = None, decode_config: str | None = None
+) -> SlaProfiles:
+    """The chosen configurations (or those named) of the profile at `path`."""
     data = read_profile_file(path)
     try:
-        return engine_profile(data, name)
+        return sla_profiles(data, prefill_config, decode_config)
     except KeyError as e:
         raise ValueError(f"{path}: {e.args[0]}") from e
 

@@ -24,7 +24,8 @@ def _file(**over: object) -> dict[str, object]:
     data: dict[str, object] = {
         "format": FORMAT,
         "sla": {"isl": 1000, "osl": 100, "ttft": 0.5, "itl": 0.05},
-        "chosen": "tp1",
+        "chosen_prefill": "tp1",
+        "chosen_decode": "tp2",
         "configs": [
             {
                 "name": "tp1",
@@ -56,17 +57,22 @@ def test_round_trip_and_the_chosen_config_drives_the_arithmetic(tmp_path: Path) 
     write_profile_file(path, data)
     assert read_profile_file(path) == data
     chosen = load_profile(path)
-    assert (chosen.name, chosen.num_gpu) == ("tp1", 1)
+    assert (chosen.prefill_config, chosen.prefill_num_gpu) == ("tp1", 1)
     assert chosen.prefill.ttft(550) == pytest.approx(0.175)  # halfway between the points
-    assert chosen.decode.max_in_flight(500) == 20  # 10000 KV tokens / 500
-    other = load_profile(path, "tp2")
-    assert other.decode.max_in_flight(500) == 16  # no KV size: the largest profiled count
+    assert (chosen.decode_config, chosen.decode_num_gpu) == ("tp2", 2)
+    assert chosen.decode.max_in_flight(500) == 16  # no KV size: the largest profiled count
+    named = load_profile(path, prefill_config="tp2", decode_config="tp1")
+    assert named.prefill.ttft(100) == pytest.approx(0.03)
+    assert named.decode.max_in_flight(500) == 20  # 10000 KV tokens / 500
+    with pytest.raises(ValueError, match="tp7"):
+        load_profile(path, decode_config="tp7")
 
 
 def test_models_build_the_same_file() -> None:
     built = ProfileFile(
         sla=SlaTarget(isl=1000, osl=100, ttft=0.5, itl=0.05),
-        chosen="tp1",
+        chosen_prefill="tp1",
+        chosen_decode="tp1",
         configs=(
             ConfigProfile(
                 name="tp1",
@@ -76,14 +82,15 @@ def test_models_build_the_same_file() -> None:
             ),
         ),
     )
-    assert built.config().prefill.points[1] == (1000, 0.3)
+    assert built.config("tp1").prefill.points[1] == (1000, 0.3)
 
 
 @pytest.mark.parametrize(
     ("change", "fault"),
     [
         ({"format": "other/9"}, "format"),
-        ({"chosen": "tp9"}, "tp9"),
+        ({"chosen_prefill": "tp9"}, "tp9"),
+        ({"chosen_decode": "tp8"}, "tp8"),
         ({"sla": {"isl": 0, "osl": 100, "ttft": 0.5, "itl": 0.05}}, "isl"),
         ({"configs": []}, "configs"),
         ({"surprise": 1}, "surprise"),
