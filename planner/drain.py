@@ -53,6 +53,32 @@ class DrainReport:
     evacuate_error: str = ""  # the evacuate call failed: the requests are waited for instead
 
 
+class DrainTimeout(RuntimeError):
+    """A scale-down's drain ran out of time: the worker was left up and in rotation."""
+
+    def __init__(self, report: DrainReport) -> None:
+        super().__init__(
+            f"worker {report.worker_id} still had {report.remaining} request(s) after "
+            f"{report.waited_s:.1f}s of draining; left up"
+        )
+        self.report = report
+
+
+def drained_or_raise(report: DrainReport) -> DrainReport:
+    """The report of a drain that emptied the worker; `DrainTimeout` for one that did not."""
+    if report.outcome is DrainOutcome.DRAIN_TIMEOUT:
+        raise DrainTimeout(report)
+    return report
+
+
+async def live_tokens(proxy: ProxyAdmin) -> dict[str, list[int]]:
+    """Each backend's live requests' tokens, as `choose_victim` reads them."""
+    tokens: dict[str, list[int]] = {}
+    for r in await proxy.live_requests():
+        tokens.setdefault(r.backend, []).append(r.tokens)
+    return tokens
+
+
 async def remaining_on(proxy: ProxyAdmin, worker_id: str) -> int:
     """Requests still on the worker: the live table's and the backend's in-flight count, the
     larger (a request may be in flight before it is live, or not movable at all)."""

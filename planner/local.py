@@ -34,7 +34,8 @@ from fleet.types import Role
 from planner.admin import ProxyAdmin
 from planner.config import PlannerRole
 from planner.connector import WorkerInfo
-from planner.drain import DrainOutcome, DrainReport, choose_victim, drain
+from planner.drain import DrainReport, choose_victim, drain, drained_or_raise, live_tokens
+from planner.drain import DrainTimeout as DrainTimeout  # where callers have caught it
 
 log = logging.getLogger("fleet_proxy.planner")
 
@@ -44,15 +45,6 @@ SIM_COMMAND = (
     "import sys; from simulator.cli import main; sys.exit(main(sys.argv[1:]))",
     "--engines", "1", "--base-port", "{port}", "--role", "{role}",
 )  # fmt: skip
-
-
-class DrainTimeout(RuntimeError):
-    def __init__(self, report: DrainReport) -> None:
-        super().__init__(
-            f"worker {report.worker_id} still had {report.remaining} request(s) after "
-            f"{report.waited_s:.1f}s of draining; left up"
-        )
-        self.report = report
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,20 +183,13 @@ class LocalConnector:
         managed = [w for w in await self.workers(role) if w.managed]
         if not managed:
             raise RuntimeError(f"no {role} worker started by this planner to stop")
-        tokens: dict[str, list[int]] = {}
-        for r in await self.proxy.live_requests():
-            tokens.setdefault(r.backend, []).append(r.tokens)
-        victim = choose_victim(managed, tokens)
+        victim = choose_victim(managed, await live_tokens(self.proxy))
         report = await drain(
-            self.proxy,
-            victim.id,
-            self.settings.drain_deadline_s,
-            self.clock,
+            self.proxy, victim.id, self.settings.drain_deadline_s, self.clock,
             poll_s=self.settings.poll_s,
-        )
+        )  # fmt: skip
         self.last_drains = [*self.last_drains[-9:], report]
-        if report.outcome is DrainOutcome.DRAIN_TIMEOUT:
-            raise DrainTimeout(report)
+        drained_or_raise(report)
         await self._stop_process(self._workers[victim.id])
         log.info("planner: drained and stopped %s worker %s", role, victim.id)
         return report

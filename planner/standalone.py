@@ -24,7 +24,9 @@ import yaml
 from fleet.types import Role
 from planner.admin import HttpProxyAdmin, admin_client
 from planner.config import PlannerConfig, PlannerRole, Topology, check_config
-from planner.local import LocalConnector, LocalSettings
+from planner.connectors import Environment, build_connector, kubernetes_settings
+from planner.kube_flags import add_kubernetes_flags, kubernetes_options
+from planner.local import LocalSettings
 from planner.loop import PlannerLoop
 
 log = logging.getLogger("fleet_proxy.planner")
@@ -76,6 +78,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--log-dir", type=Path, help="write each worker's output here")
     w.add_argument("--start-timeout", type=float, default=600.0, help="seconds to /health")
     w.add_argument("--drain-deadline", type=float, default=120.0, help="seconds to drain")
+    add_kubernetes_flags(p)
 
 
 def build_config(args: argparse.Namespace) -> PlannerConfig:
@@ -122,13 +125,18 @@ def build_local_settings(args: argparse.Namespace, config: PlannerConfig) -> Loc
 async def run(args: argparse.Namespace, config: PlannerConfig, local: LocalSettings) -> None:
     async with admin_client(args.admin_token) as client:
         proxy = HttpProxyAdmin(client, args.proxy)
-        loop = PlannerLoop(proxy, LocalConnector(proxy, local), config)
-        state = await loop.start()
-        log.info(
-            "planning %s: prefill=%d decode=%d, adjusting every %.1fs",
-            args.proxy, state.prefill_replicas, state.decode_replicas, config.adjustment_interval,
-        )  # fmt: skip
-        await loop.run()
+        async with build_connector(
+            Environment(args.environment), proxy, config,
+            local=local, kubernetes=kubernetes_options(args, local),
+        ) as connector:  # fmt: skip
+            loop = PlannerLoop(proxy, connector, config)
+            state = await loop.start()
+            log.info(
+                "planning %s: prefill=%d decode=%d, adjusting every %.1fs",
+                args.proxy, state.prefill_replicas, state.decode_replicas,
+                config.adjustment_interval,
+            )  # fmt: skip
+            await loop.run()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -140,6 +148,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
         local = build_local_settings(args, config)
+        if args.environment == Environment.KUBERNETES:  # its flags' faults before starting
+            kubernetes_settings(kubernetes_options(args, local), config)
     except (ValueError, OSError, yaml.YAMLError) as e:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
