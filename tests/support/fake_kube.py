@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 
 from fleet.kube import (
     DELETION_COST,
-    Gone,
     PodInfo,
     PodList,
     ScaleKind,
@@ -91,6 +90,3 @@ class FakeKube:
     async def delete_pod(self, namespace: str, name: str) -> None:
         self.calls.append(("delete", name))
         self.pods.pop(name, None)
-
-
-__all__ = ["FakeKube", "Gone", "ready_pod"]
