@@ -34,7 +34,7 @@ def worker_loads(backends: Sequence[BackendStatus]) -> list[WorkerLoad]:
     """The loads `sample` reads: draining backends (on their way out) and backends not scraped
     yet are left out."""
     return [
-        WorkerLoad(b.role, b.waiting or 0.0, b.kv_usage or 0.0)
+        WorkerLoad(b.role, b.waiting or 0.0, b.kv_usage or 0.0, reading=b.reading())
         for b in backends
         if not b.draining and b.waiting is not None and b.kv_usage is not None
     ]
