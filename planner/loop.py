@@ -24,8 +24,10 @@ from fleet.clock import Clock, SystemClock
 from planner.admin import BackendStatus, ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole, check_config
 from planner.connector import Connector
-from planner.decide import Decision, PlannerState, advance, change_done, decide
+from planner.decide import Decision, PlannerState, advance, change_done
 from planner.observe import Sample, WorkerLoad, sample
+from planner.profile_file import SlaProfiles
+from planner.sla_mode import Decider, decider_for
 
 log = logging.getLogger("fleet_proxy.planner")
 
@@ -61,8 +63,11 @@ class PlannerLoop:
         *,
         clock: Clock | None = None,
         keep: int = 20,
+        profiles: SlaProfiles | None = None,
     ) -> None:
         check_config(config)
+        # The mode's rules; SLA mode reads `profiles`, or the config's profile file.
+        self.decider: Decider = decider_for(config, profiles)
         self.proxy = proxy
         self.connector = connector
         self.config = config
@@ -109,7 +114,7 @@ class PlannerLoop:
             self.history.append(sample(now, worker_loads(await self.proxy.backends())))
         except Exception as e:  # the proxy unreachable for a pull: decide on what we have
             log.warning("planner: metric pull failed: %s: %s", type(e).__name__, e)
-        decision = decide(self.history, state, self.config, now)
+        decision = await self.decider.decide(self.history, state, self.config, now)
         state = advance(state, decision, self.config)
         errors: list[str] = []
         if decision.apply:

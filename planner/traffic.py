@@ -156,3 +156,23 @@ def _mean_in_flight(pulls: Iterable[Pull]) -> float | None:
 
 def _ratio(total: float, count: float) -> float | None:
     return total / count if count > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """The predictors' values for the next interval (None: nothing to predict from yet)."""
+
+    rate: float | None
+    isl: float | None
+    osl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlaInputs:
+    """What an SLA decision read: the forecast, the interval's observations and the
+    corrections taken from them (1: nothing observed, trust the profile)."""
+
+    forecast: Forecast
+    observed: Traffic | None
+    ttft_correction: float = 1.0
+    itl_correction: float = 1.0
