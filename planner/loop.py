@@ -1,7 +1,8 @@
 """The planning loop: every `metric_pulling_interval` take a `Sample` of the proxy's backends,
 decide, and when an adjustment applies, carry it out through the connector.
 
-Thin on purpose: the decision is `decide`'s (pure, planner/decide.py); the fleet's load comes
+Thin on purpose: the decision is the mode's (`decide`, or the SLA mode's `decide_sla`, both
+pure; planner/sla_mode.py picks); the fleet's load comes
 from the proxy's admin API (`ProxyAdmin.backends()`: each backend's role, `metrics.waiting`,
 `metrics.kv_usage`) and workers come and go through a `Connector`. While a change runs
 nothing is pulled nor decided (the loop awaits it), then `change_done` starts a fresh

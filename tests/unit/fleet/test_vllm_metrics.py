@@ -113,6 +113,11 @@ def test_inter_token_latency_of_a_real_vllm_page() -> None:
     golden = Path(__file__).resolve().parents[2] / "golden" / "vllm-0.32" / "metrics.txt"
     m = parse_engine_metrics(golden.read_text())
     assert m.itl_count == 53.0 and abs(m.itl_sum - 0.8195944850003798) < 1e-12
+    # The request counters of the same page: 7 requests, 1867 prompt and 60 output tokens.
+    assert m.requests_finished == 7.0
+    assert (m.prompt_len_sum, m.prompt_len_count) == (1867.0, 7.0)
+    assert (m.output_len_sum, m.output_len_count) == (60.0, 7.0)
+    assert m.ttft_count == 7.0 and abs(m.ttft_sum - 0.33795714378356934) < 1e-12
 
 
 REQUESTS = """\
