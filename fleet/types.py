@@ -52,6 +52,16 @@ class EngineMetrics:
     # latency between two scrapes is their deltas' ratio.
     itl_sum: float = 0.0
     itl_count: float = 0.0
+    # Finished requests (vllm:request_success_total, summed over finish reasons) and the
+    # _sum/_count of the per-request histograms of prompt length, output length and time to
+    # first token (counters): an interval's request rate and means are their deltas.
+    requests_finished: float = 0.0
+    prompt_len_sum: float = 0.0  # tokens
+    prompt_len_count: float = 0.0
+    output_len_sum: float = 0.0  # tokens
+    output_len_count: float = 0.0
+    ttft_sum: float = 0.0  # seconds
+    ttft_count: float = 0.0
     # From vllm:cache_config_info, when published.
     block_size: int | None = None
     num_gpu_blocks: int | None = None

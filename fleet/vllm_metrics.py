@@ -23,6 +23,7 @@ PREFIX_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
 PREEMPTIONS = ("vllm:num_preemptions",)
 PROMPT_TOKENS = ("vllm:prompt_tokens",)
 GENERATION_TOKENS = ("vllm:generation_tokens",)
+REQUEST_SUCCESS = ("vllm:request_success",)  # one series per finished_reason, summed
 CACHE_CONFIG = ("vllm:cache_config_info",)
 
 WANTED: frozenset[str] = frozenset(
@@ -34,6 +35,7 @@ WANTED: frozenset[str] = frozenset(
     + PREEMPTIONS
     + PROMPT_TOKENS
     + GENERATION_TOKENS
+    + REQUEST_SUCCESS
     + CACHE_CONFIG
 )
 _SUFFIXES = ("_total", "_info")
@@ -55,29 +57,31 @@ _RELEVANT = re.compile(
 _STEPS = re.compile(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)", re.MULTILINE)
 
 
-# The inter-token latency histogram's _sum and _count, read the same way (its buckets are a
-# dozen lines per engine the router never needs). Older vLLM names it time_per_output_token;
-# the per-request `vllm:request_time_per_output_token_seconds` does not match (anchored).
-_ITL = re.compile(
-    r"^vllm:(inter_token_latency|time_per_output_token)_seconds_(sum|count)"
-    r"(?:\{[^}]*\})? (\S+)",
+# The _sum and _count of the histograms the planner reads, in one pass straight from the text
+# (their buckets are a dozen lines per engine the router never needs). Older vLLM names the
+# inter-token latency time_per_output_token; the per-request
+# `vllm:request_time_per_output_token_seconds` does not match (anchored).
+_HISTOGRAMS = re.compile(
+    r"^vllm:(inter_token_latency_seconds|time_per_output_token_seconds"
+    r"|time_to_first_token_seconds|request_prompt_tokens|request_generation_tokens)"
+    r"_(sum|count)(?:\{[^}]*\})? (\S+)",
     re.MULTILINE,
 )
-_ITL_CURRENT = "inter_token_latency"
+_ITL_CURRENT = "inter_token_latency_seconds"
+_ITL_OLDER = "time_per_output_token_seconds"
 
 
-def _itl(text: str) -> tuple[float, float]:
-    """(sum, count) summed over engines; the current name wins when both are published."""
+def _histograms(text: str) -> dict[str, tuple[float, float]]:
+    """Histogram name -> (sum, count), summed over engines."""
     found: dict[str, list[float]] = {}
-    for name, part, value in _ITL.findall(text):
+    for name, part, value in _HISTOGRAMS.findall(text):
         try:
             v = float(value)
         except ValueError:
             continue
         totals = found.setdefault(name, [0.0, 0.0])
         totals[0 if part == "sum" else 1] += v
-    totals = found.get(_ITL_CURRENT) or next(iter(found.values()), [0.0, 0.0])
-    return totals[0], totals[1]
+    return {name: (t[0], t[1]) for name, t in found.items()}
 
 
 def _family_of(name: str) -> str:
@@ -131,7 +135,12 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
             steps += float(value)
         except ValueError:
             continue
-    itl_sum, itl_count = _itl(text)
+    hists = _histograms(text)
+    # The current ITL name wins when a server publishes both.
+    itl_sum, itl_count = hists.get(_ITL_CURRENT) or hists.get(_ITL_OLDER) or (0.0, 0.0)
+    prompt_sum, prompt_count = hists.get("request_prompt_tokens", (0.0, 0.0))
+    output_sum, output_count = hists.get("request_generation_tokens", (0.0, 0.0))
+    ttft_sum, ttft_count = hists.get("time_to_first_token_seconds", (0.0, 0.0))
     return EngineMetrics(
         running=first(RUNNING),
         waiting=first(WAITING),
@@ -144,6 +153,13 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         steps=steps,
         itl_sum=itl_sum,
         itl_count=itl_count,
+        requests_finished=first(REQUEST_SUCCESS),
+        prompt_len_sum=prompt_sum,
+        prompt_len_count=prompt_count,
+        output_len_sum=output_sum,
+        output_len_count=output_count,
+        ttft_sum=ttft_sum,
+        ttft_count=ttft_count,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         enable_prefix_caching=prefix_caching,

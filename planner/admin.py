@@ -8,12 +8,14 @@ process has its own, and the backend's `in_flight` is that process's count too.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 
 from fleet.types import Role
+from planner.traffic import BackendReading, RequestCounters
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +27,14 @@ class BackendStatus:
     in_flight: int
     waiting: float | None  # None: not scraped yet
     kv_usage: float | None
+    running: float | None = None  # None: not scraped yet
+    counters: RequestCounters | None = None  # None: not scraped yet
+
+    def reading(self) -> BackendReading | None:
+        """Its request counters for the SLA mode; None before its first scrape."""
+        if self.counters is None:
+            return None
+        return BackendReading(self.id, self.role, self.running or 0.0, self.counters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,4 +133,14 @@ def _backend(b: dict[str, Any]) -> BackendStatus:
         in_flight=int(load.get("in_flight", 0)),
         waiting=float(metrics["waiting"]) if "waiting" in metrics else None,
         kv_usage=float(metrics["kv_usage"]) if "kv_usage" in metrics else None,
+        running=float(metrics["running"]) if "running" in metrics else None,
+        counters=_counters(metrics),
     )
+
+
+def _counters(metrics: dict[str, Any]) -> RequestCounters | None:
+    """The request counters, when the proxy publishes them (an older proxy does not)."""
+    names = [f.name for f in dataclasses.fields(RequestCounters)]
+    if not all(n in metrics for n in names):
+        return None
+    return RequestCounters(**{n: float(metrics[n]) for n in names})

@@ -1,4 +1,4 @@
-"""The load-based planner's settings (pure data) and their validation.
+"""The planner's settings (pure data) and their validation.
 
 Defaults are those of Dynamo's load-based planner. Intervals are seconds, except the two
 grace rules, which count adjustment intervals. GPU budgets count GPUs over both roles:
@@ -14,6 +14,17 @@ from enum import StrEnum
 class Topology(StrEnum):
     DISAGGREGATED = "disaggregated"  # prefill workers and decode workers, planned apart
     AGGREGATED = "aggregated"  # one pool of workers that prefill and decode: one role only
+
+
+class PlannerMode(StrEnum):
+    LOAD = "load"  # thresholds on the queue and KV utilisation (planner/decide.py)
+    SLA = "sla"  # replicas from predicted traffic and profiled latencies (planner/sla_decide.py)
+
+
+class PredictorKind(StrEnum):
+    CONSTANT = "constant"  # the last interval's value
+    MOVING_AVERAGE = "moving_average"  # the mean of the last `load_predictor_window`
+    KALMAN = "kalman"  # a local-linear-trend state-space model (planner/predictors.py)
 
 
 class PlannerRole(StrEnum):
@@ -47,6 +58,14 @@ class PlannerConfig:
     max_prefill_replicas: int | None = None
     min_decode_replicas: int = 1
     max_decode_replicas: int | None = None
+    # SLA mode: targets in seconds, the profile file `fleet-proxy profile-sla` writes, and how
+    # the next interval's request rate, ISL and OSL are predicted.
+    mode: PlannerMode = PlannerMode.LOAD
+    ttft_target: float | None = None
+    itl_target: float | None = None
+    sla_profile: str | None = None
+    load_predictor: PredictorKind = PredictorKind.CONSTANT
+    load_predictor_window: int = 10  # intervals the predictor reads (moving average, model fit)
 
     @property
     def roles(self) -> tuple[PlannerRole, ...]:
@@ -103,6 +122,11 @@ def check_config(config: PlannerConfig) -> None:
         c.new_prefill_worker_queue_buffer_period >= 0,
         "new_prefill_worker_queue_buffer_period must be >= 0",
     )
+    need(c.load_predictor_window >= 1, "load_predictor_window must be >= 1")
+    if c.mode is PlannerMode.SLA:
+        for name, target in (("ttft_target", c.ttft_target), ("itl_target", c.itl_target)):
+            need(target is not None and target > 0, f"sla mode needs {name} > 0 seconds")
+        need(bool(c.sla_profile), "sla mode needs sla_profile (the profile-sla file)")
     floor_gpus = 0
     for role in c.roles:
         least, most = c.replica_bounds(role)

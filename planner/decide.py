@@ -43,6 +43,7 @@ from enum import StrEnum
 
 from planner.config import PlannerConfig, PlannerRole
 from planner.observe import Sample
+from planner.traffic import SlaInputs
 
 
 class Reason(StrEnum):
@@ -57,6 +58,12 @@ class Reason(StrEnum):
     HOLD_MIN_REPLICAS = "hold_min_replicas"
     HOLD_MAX_REPLICAS = "hold_max_replicas"
     HOLD_BUDGET = "hold_budget"
+    # SLA mode (planner/sla_decide.py): one step toward the replicas the SLA arithmetic wants,
+    # or none; target_missed: at that count, but the profile says no count meets the target.
+    SLA_UP = "sla_up"
+    SLA_DOWN = "sla_down"
+    SLA_HOLD = "sla_hold"
+    SLA_TARGET_MISSED = "sla_target_missed"
     # Decision-wide: the whole decision is held (or, for no_operation, not applied).
     HOLD_IN_PROGRESS = "hold_in_progress"
     TOO_EARLY = "too_early"
@@ -95,6 +102,8 @@ class RoleDecision:
     reason: Reason
     load: float | None = None  # the interval's mean (queue or KV utilisation)
     predicted: float | None = None  # prefill: the queue the trend predicts (rule 5)
+    target: int | None = None  # SLA mode: the replicas the SLA arithmetic wants
+    meets_target: bool | None = None  # SLA mode: whether the profile meets the latency target
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +114,7 @@ class Decision:
     held_by: Reason | None  # too_early, hold_in_progress or no_operation; None otherwise
     roles: tuple[RoleDecision, ...]
     samples: int = 0  # samples in the interval
+    sla: SlaInputs | None = None  # SLA mode: the forecast and observations it read
 
     def role(self, role: PlannerRole) -> RoleDecision:
         for r in self.roles:
@@ -125,18 +135,41 @@ class Decision:
 def decide(
     history: Sequence[Sample], state: PlannerState, config: PlannerConfig, now: float
 ) -> Decision:
-    if state.change_in_progress:
-        return _held(Reason.HOLD_IN_PROGRESS, state, config, now)
-    if now - state.last_adjustment_at < config.adjustment_interval:
-        return _held(Reason.TOO_EARLY, state, config, now)
-    window = [s for s in history if state.last_adjustment_at < s.at <= now]
+    hold = due_hold(state, config, now)
+    if hold is not None:
+        return held(hold, state, config, now)
+    window = interval(history, state, now)
     proposed = [
-        _bounded(_prefill(window, state, config, now), config)
+        bounded(_prefill(window, state, config, now), config)
         if role is PlannerRole.PREFILL
-        else _bounded(_decode(window, state, config), config)
+        else bounded(_decode(window, state, config), config)
         for role in config.roles
     ]
-    roles = _fit_budget(proposed, config)
+    return conclude(fit_budget(proposed, config), config, now, len(window))
+
+
+def due_hold(state: PlannerState, config: PlannerConfig, now: float) -> Reason | None:
+    """Why no adjustment is made now (rules 1 and 2), or None when one is due."""
+    if state.change_in_progress:
+        return Reason.HOLD_IN_PROGRESS
+    if now - state.last_adjustment_at < config.adjustment_interval:
+        return Reason.TOO_EARLY
+    return None
+
+
+def interval(history: Sequence[Sample], state: PlannerState, now: float) -> list[Sample]:
+    """The interval's samples: those taken in (last_adjustment_at, now]."""
+    return [s for s in history if state.last_adjustment_at < s.at <= now]
+
+
+def conclude(
+    roles: Sequence[RoleDecision],
+    config: PlannerConfig,
+    now: float,
+    samples: int,
+    sla: SlaInputs | None = None,
+) -> Decision:
+    """The due decision over the roles' final proposals (rule 8: no_operation)."""
     has_changes = any(r.desired != r.current for r in roles)
     return Decision(
         at=now,
@@ -144,7 +177,8 @@ def decide(
         apply=has_changes and not config.no_operation,
         held_by=Reason.NO_OPERATION if config.no_operation else None,
         roles=tuple(roles),
-        samples=len(window),
+        samples=samples,
+        sla=sla,
     )
 
 
@@ -193,7 +227,8 @@ def queue_trend(points: Sequence[tuple[float, float]]) -> float | None:
     return sum((t - t_mean) * (v - v_mean) for t, v in points) / sxx
 
 
-def _held(reason: Reason, state: PlannerState, config: PlannerConfig, now: float) -> Decision:
+def held(reason: Reason, state: PlannerState, config: PlannerConfig, now: float) -> Decision:
+    """A decision that adjusts nothing: too early, in progress."""
     roles = tuple(
         RoleDecision(role, state.replicas(role), state.replicas(role), reason)
         for role in config.roles
@@ -241,7 +276,8 @@ def _decode(window: Sequence[Sample], state: PlannerState, config: PlannerConfig
     return RoleDecision(role, current, current, Reason.HOLD_IN_BAND, mean)
 
 
-def _bounded(proposal: RoleDecision, config: PlannerConfig) -> RoleDecision:
+def bounded(proposal: RoleDecision, config: PlannerConfig) -> RoleDecision:
+    """Rule 6: a proposal that would cross the role's replica bounds holds instead."""
     low, high = config.replica_bounds(proposal.role)
     if proposal.desired > proposal.current and high is not None and proposal.desired > high:
         return dataclasses.replace(
@@ -254,7 +290,8 @@ def _bounded(proposal: RoleDecision, config: PlannerConfig) -> RoleDecision:
     return proposal
 
 
-def _fit_budget(proposed: list[RoleDecision], config: PlannerConfig) -> list[RoleDecision]:
+def fit_budget(proposed: list[RoleDecision], config: PlannerConfig) -> list[RoleDecision]:
+    """Rule 7: the proposals netted within the GPU budget, decode capacity first."""
     by_role = {p.role: p for p in proposed}
     total = sum(p.desired * config.engine_gpus(p.role) for p in proposed)
 

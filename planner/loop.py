@@ -1,7 +1,8 @@
 """The planning loop: every `metric_pulling_interval` take a `Sample` of the proxy's backends,
 decide, and when an adjustment applies, carry it out through the connector.
 
-Thin on purpose: the decision is `decide`'s (pure, planner/decide.py); the fleet's load comes
+Thin on purpose: the decision is the mode's (`decide`, or the SLA mode's `decide_sla`, both
+pure; planner/sla_mode.py picks); the fleet's load comes
 from the proxy's admin API (`ProxyAdmin.backends()`: each backend's role, `metrics.waiting`,
 `metrics.kv_usage`) and workers come and go through a `Connector`. While a change runs
 nothing is pulled nor decided (the loop awaits it), then `change_done` starts a fresh
@@ -24,8 +25,10 @@ from fleet.clock import Clock, SystemClock
 from planner.admin import BackendStatus, ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole, check_config
 from planner.connector import Connector
-from planner.decide import Decision, PlannerState, advance, change_done, decide
+from planner.decide import Decision, PlannerState, advance, change_done
 from planner.observe import Sample, WorkerLoad, sample
+from planner.profile_file import SlaProfiles
+from planner.sla_mode import Decider, decider_for
 
 log = logging.getLogger("fleet_proxy.planner")
 
@@ -34,7 +37,7 @@ def worker_loads(backends: Sequence[BackendStatus]) -> list[WorkerLoad]:
     """The loads `sample` reads: draining backends (on their way out) and backends not scraped
     yet are left out."""
     return [
-        WorkerLoad(b.role, b.waiting or 0.0, b.kv_usage or 0.0)
+        WorkerLoad(b.role, b.waiting or 0.0, b.kv_usage or 0.0, reading=b.reading())
         for b in backends
         if not b.draining and b.waiting is not None and b.kv_usage is not None
     ]
@@ -61,8 +64,11 @@ class PlannerLoop:
         *,
         clock: Clock | None = None,
         keep: int = 20,
+        profiles: SlaProfiles | None = None,
     ) -> None:
         check_config(config)
+        # The mode's rules; SLA mode reads `profiles`, or the config's profile file.
+        self.decider: Decider = decider_for(config, profiles)
         self.proxy = proxy
         self.connector = connector
         self.config = config
@@ -109,7 +115,7 @@ class PlannerLoop:
             self.history.append(sample(now, worker_loads(await self.proxy.backends())))
         except Exception as e:  # the proxy unreachable for a pull: decide on what we have
             log.warning("planner: metric pull failed: %s: %s", type(e).__name__, e)
-        decision = decide(self.history, state, self.config, now)
+        decision = await self.decider.decide(self.history, state, self.config, now)
         state = advance(state, decision, self.config)
         errors: list[str] = []
         if decision.apply:

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fleet.types import Role
+from planner.traffic import BackendReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class WorkerLoad:
     num_requests_waiting: float
     kv_cache_usage: float  # 0..1
     capacity: float = 1.0  # requests it prefills at once (prefill workers)
+    reading: BackendReading | None = None  # its request counters (the SLA mode's input)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +45,17 @@ class Sample:
     decode_kv: float | None  # mean KV-cache utilisation of the decode-side workers, 0..1
     prefill_replicas: int  # workers the values were computed over
     decode_replicas: int
+    # The workers' request counters at this pull, for the SLA mode (planner/traffic.py).
+    readings: tuple[BackendReading, ...] = ()
 
 
 def sample(at: float, workers: Iterable[WorkerLoad]) -> Sample:
     waiting = capacity = kv = 0.0
     prefill = decode = 0
+    readings: list[BackendReading] = []
     for w in workers:
+        if w.reading is not None:
+            readings.append(w.reading)
         if w.role is Role.PREFILL:
             prefill += 1
             waiting += w.num_requests_waiting
@@ -62,4 +69,5 @@ def sample(at: float, workers: Iterable[WorkerLoad]) -> Sample:
         decode_kv=kv / decode if decode else None,
         prefill_replicas=prefill,
         decode_replicas=decode,
+        readings=tuple(readings),
     )

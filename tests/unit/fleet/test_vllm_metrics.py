@@ -92,8 +92,8 @@ def test_inter_token_latency_sum_and_count_add_over_engines() -> None:
 
 def test_inter_token_latency_under_its_older_name() -> None:
     older = (
-        "vllm:time_per_output_token_seconds_count{model_name=\"old\"} 4.0\n"
-        "vllm:time_per_output_token_seconds_sum{model_name=\"old\"} 0.2\n"
+        'vllm:time_per_output_token_seconds_count{model_name="old"} 4.0\n'
+        'vllm:time_per_output_token_seconds_sum{model_name="old"} 0.2\n'
     )
     m = parse_engine_metrics(older)
     assert m.itl_sum == 0.2 and m.itl_count == 4.0
@@ -113,3 +113,49 @@ def test_inter_token_latency_of_a_real_vllm_page() -> None:
     golden = Path(__file__).resolve().parents[2] / "golden" / "vllm-0.32" / "metrics.txt"
     m = parse_engine_metrics(golden.read_text())
     assert m.itl_count == 53.0 and abs(m.itl_sum - 0.8195944850003798) < 1e-12
+    # The request counters of the same page: 7 requests, 1867 prompt and 60 output tokens.
+    assert m.requests_finished == 7.0
+    assert (m.prompt_len_sum, m.prompt_len_count) == (1867.0, 7.0)
+    assert (m.output_len_sum, m.output_len_count) == (60.0, 7.0)
+    assert m.ttft_count == 7.0 and abs(m.ttft_sum - 0.33795714378356934) < 1e-12
+
+
+REQUESTS = """\
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 7.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 2.0
+vllm:request_success_total{engine="1",finished_reason="abort",model_name="m"} 1.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1.7e9
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{engine="0",le="1000.0",model_name="m"} 9.0
+vllm:request_prompt_tokens_sum{engine="0",model_name="m"} 9000.0
+vllm:request_prompt_tokens_count{engine="0",model_name="m"} 9.0
+vllm:request_prompt_tokens_sum{engine="1",model_name="m"} 500.0
+vllm:request_prompt_tokens_count{engine="1",model_name="m"} 1.0
+# TYPE vllm:prompt_tokens_cached counter
+vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 77.0
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_sum{engine="0",model_name="m"} 900.0
+vllm:request_generation_tokens_count{engine="0",model_name="m"} 9.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_sum{engine="0",model_name="m"} 99.0
+"""
+
+
+def test_request_counters_sum_over_finish_reasons_and_engines() -> None:
+    m = parse_engine_metrics(REQUESTS)
+    assert m.requests_finished == 10.0  # 7 stop + 2 length + 1 abort; _created left out
+    assert (m.prompt_len_sum, m.prompt_len_count) == (9500.0, 10.0)
+    assert (m.output_len_sum, m.output_len_count) == (900.0, 9.0)
+    assert (m.ttft_sum, m.ttft_count) == (1.5, 10.0)
+    assert (m.itl_sum, m.itl_count) == (0.0, 0.0)  # the per-request TPOT is not the ITL
+
+
+def test_request_counters_default_to_zero_when_absent() -> None:
+    m = parse_engine_metrics(CURRENT)
+    assert m.requests_finished == 0.0
+    assert (m.prompt_len_count, m.output_len_count) == (0.0, 0.0)
+    assert (m.ttft_sum, m.ttft_count) == (0.0, 0.0)  # CURRENT publishes a zero count

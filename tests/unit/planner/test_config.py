@@ -6,7 +6,14 @@ import dataclasses
 
 import pytest
 
-from planner.config import PlannerConfig, PlannerRole, Topology, check_config
+from planner.config import (
+    PlannerConfig,
+    PlannerMode,
+    PlannerRole,
+    PredictorKind,
+    Topology,
+    check_config,
+)
 
 
 def test_the_defaults_are_dynamos_and_valid() -> None:
@@ -18,6 +25,13 @@ def test_the_defaults_are_dynamos_and_valid() -> None:
     assert (c.max_gpu_budget, c.min_gpu_budget) == (8, 1)
     assert (c.new_decode_worker_grace_period, c.new_prefill_worker_queue_buffer_period) == (3, 3)
     assert not c.no_operation
+    assert (c.mode, c.ttft_target, c.itl_target, c.sla_profile) == (
+        PlannerMode.LOAD,
+        None,
+        None,
+        None,
+    )
+    assert (c.load_predictor, c.load_predictor_window) == (PredictorKind.CONSTANT, 10)
     assert c.roles == (PlannerRole.PREFILL, PlannerRole.DECODE)
     assert PlannerConfig(topology=Topology.AGGREGATED).roles == (PlannerRole.DECODE,)
 
@@ -39,6 +53,13 @@ def test_the_defaults_are_dynamos_and_valid() -> None:
         ({"max_prefill_replicas": 0}, "max_prefill_replicas (0) must be >= min_prefill_replicas"),
         ({"prefill_engine_num_gpu": 8}, "the minimum replicas need 9 GPUs"),
         ({"new_decode_worker_grace_period": -1}, "new_decode_worker_grace_period must be >= 0"),
+        ({"load_predictor_window": 0}, "load_predictor_window must be >= 1"),
+        ({"mode": PlannerMode.SLA}, "sla mode needs ttft_target > 0"),
+        ({"mode": PlannerMode.SLA, "ttft_target": 0.2}, "sla mode needs itl_target > 0"),
+        (
+            {"mode": PlannerMode.SLA, "ttft_target": 0.2, "itl_target": 0.02},
+            "sla mode needs sla_profile",
+        ),
     ],
 )
 def test_a_bad_setting_is_named(changes: dict[str, object], message: str) -> None:
@@ -55,3 +76,9 @@ def test_every_error_is_reported_at_once() -> None:
 
 def test_an_aggregated_fleet_ignores_prefill_bounds() -> None:
     check_config(PlannerConfig(topology=Topology.AGGREGATED, prefill_engine_num_gpu=8))
+
+
+def test_sla_mode_with_targets_and_a_profile_is_valid() -> None:
+    check_config(
+        PlannerConfig(mode=PlannerMode.SLA, ttft_target=0.2, itl_target=0.02, sla_profile="p.json")
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.types import Role
-from planner.config import PlannerRole, Topology
+from planner.config import PlannerMode, PlannerRole, PredictorKind, Topology
 from planner.standalone import add_flags, build_config, build_local_settings
 
 
@@ -47,3 +47,16 @@ def test_aggregated_workers_register_as_both() -> None:
     local = build_local_settings(args, config)
     assert local.backend_roles[PlannerRole.DECODE] is Role.BOTH
     assert local.commands[PlannerRole.DECODE] == ["vllm", "serve", "m", "--port", "{port}"]
+
+
+def test_sla_settings_from_flags() -> None:
+    config = build_config(
+        parse(
+            "--mode", "sla", "--ttft-target", "0.2", "--itl-target", "0.02",
+            "--sla-profile", "sla.json", "--load-predictor", "kalman",
+            "--load-predictor-window", "12",
+        )
+    )  # fmt: skip
+    assert (config.mode, config.ttft_target, config.itl_target) == (PlannerMode.SLA, 0.2, 0.02)
+    assert config.sla_profile == "sla.json"
+    assert (config.load_predictor, config.load_predictor_window) == (PredictorKind.KALMAN, 12)

@@ -75,3 +75,22 @@ def test_inter_token_latency_reaches_the_routers_parser(tokenizer: Tokenizer) ->
     metrics.itl.observe(0.04)
     parsed = parse_engine_metrics(metrics.render(core).decode())
     assert parsed.itl_count == 2.0 and abs(parsed.itl_sum - 0.06) < 1e-9
+
+
+def test_request_counters_reach_the_routers_parser(tokenizer: Tokenizer) -> None:
+    from fleet.vllm_metrics import parse_engine_metrics
+
+    profile = small_profile()
+    metrics = SimMetrics("sim-x", profile)
+    core = EngineCore(profile, tokenizer, DeterministicLM(tokenizer.generatable), metrics)
+    metrics.success["stop"].inc()
+    metrics.success["length"].inc()
+    for prompt, output, ttft in ((1000, 100, 0.25), (3000, 50, 0.5)):
+        metrics.req_prompt_tokens.observe(prompt)
+        metrics.req_generation_tokens.observe(output)
+        metrics.ttft.observe(ttft)
+    parsed = parse_engine_metrics(metrics.render(core).decode())
+    assert parsed.requests_finished == 2.0
+    assert (parsed.prompt_len_sum, parsed.prompt_len_count) == (4000.0, 2.0)
+    assert (parsed.output_len_sum, parsed.output_len_count) == (150.0, 2.0)
+    assert (parsed.ttft_sum, parsed.ttft_count) == (0.75, 2.0)
