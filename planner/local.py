@@ -35,6 +35,7 @@ from planner.admin import ProxyAdmin
 from planner.config import PlannerRole
 from planner.connector import WorkerInfo
 from planner.drain import DrainOutcome, DrainReport, choose_victim, drain
+from planner.events import NoEvents, PlannerEvents
 
 log = logging.getLogger("fleet_proxy.planner")
 
@@ -87,11 +88,16 @@ class LocalSettings:
 
 class LocalConnector:
     def __init__(
-        self, proxy: ProxyAdmin, settings: LocalSettings, clock: Clock | None = None
+        self,
+        proxy: ProxyAdmin,
+        settings: LocalSettings,
+        clock: Clock | None = None,
+        events: PlannerEvents | None = None,
     ) -> None:
         self.proxy = proxy
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
+        self.events: PlannerEvents = events or NoEvents()  # hears every drain
         self._workers: dict[str, LocalWorker] = {}
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self.last_drains: list[DrainReport] = []
@@ -203,6 +209,7 @@ class LocalConnector:
             poll_s=self.settings.poll_s,
         )
         self.last_drains = [*self.last_drains[-9:], report]
+        self.events.on_drain(role, report)
         if report.outcome is DrainOutcome.DRAIN_TIMEOUT:
             raise DrainTimeout(report)
         await self._stop_process(self._workers[victim.id])
