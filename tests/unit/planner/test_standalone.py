@@ -47,3 +47,11 @@ def test_aggregated_workers_register_as_both() -> None:
     local = build_local_settings(args, config)
     assert local.backend_roles[PlannerRole.DECODE] is Role.BOTH
     assert local.commands[PlannerRole.DECODE] == ["vllm", "serve", "m", "--port", "{port}"]
+
+
+def test_log_dir_is_tensorboard_worker_output_has_its_own_flag(tmp_path: Path) -> None:
+    args = parse("--log-dir", str(tmp_path / "tb"), "--worker-log-dir", str(tmp_path / "w"))
+    assert args.log_dir == tmp_path / "tb"
+    assert build_local_settings(args, build_config(args)).log_dir == tmp_path / "w"
+    assert args.metrics_port is None and args.metrics_host == "127.0.0.1"
+    assert parse("--metrics-port", "9100").metrics_port == 9100

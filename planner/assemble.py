@@ -1,0 +1,58 @@
+"""One planner, put together the same way in both run modes (inside `fleet-proxy serve` and
+under `fleet-proxy plan`): the loop, a `LocalConnector`, and what observes them (the journal
+for the status view, Prometheus metrics in the given registry, TensorBoard files when a log
+directory is given)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from planner.admin import ProxyAdmin
+from planner.config import PlannerConfig
+from planner.events import FanOut, Journal, PlannerEvents
+from planner.local import LocalConnector, LocalSettings
+from planner.loop import PlannerLoop
+from planner.metrics import PlannerMetrics
+from planner.tensorboard import TensorBoardEvents
+
+
+@dataclass
+class Planner:
+    loop: PlannerLoop
+    connector: LocalConnector
+    metrics: PlannerMetrics
+    tensorboard: TensorBoardEvents | None = None
+
+    def status(self) -> dict[str, Any]:
+        return self.loop.status()
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard files. Workers stay up: a restarted planner finds
+        them in the state file."""
+        if self.tensorboard is not None:
+            with contextlib.suppress(Exception):
+                self.tensorboard.close()
+
+
+def build_planner(
+    proxy: ProxyAdmin,
+    config: PlannerConfig,
+    local: LocalSettings,
+    registry: CollectorRegistry,
+    log_dir: Path | None = None,
+) -> Planner:
+    metrics = PlannerMetrics(registry)
+    tensorboard = TensorBoardEvents(log_dir) if log_dir is not None else None
+    observers: list[PlannerEvents] = [metrics]
+    if tensorboard is not None:
+        observers.append(tensorboard)
+    events = FanOut(*observers)
+    journal = Journal()
+    connector = LocalConnector(proxy, local, events=FanOut(journal, events))
+    loop = PlannerLoop(proxy, connector, config, events=events, journal=journal)
+    return Planner(loop, connector, metrics, tensorboard)
