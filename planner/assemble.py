@@ -6,14 +6,16 @@ directory is given)."""
 from __future__ import annotations
 
 import contextlib
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from fleet.types import Role
 from planner.admin import ProxyAdmin
-from planner.config import PlannerConfig
+from planner.config import PlannerConfig, PlannerRole
 from planner.events import FanOut, Journal, PlannerEvents
 from planner.local import LocalConnector, LocalSettings
 from planner.loop import PlannerLoop
@@ -56,3 +58,30 @@ def build_planner(
     connector = LocalConnector(proxy, local, events=FanOut(journal, events))
     loop = PlannerLoop(proxy, connector, config, events=events, journal=journal)
     return Planner(loop, connector, metrics, tensorboard)
+
+
+def local_settings(
+    config: PlannerConfig,
+    *,
+    commands: dict[PlannerRole, str | None],
+    gpus: str | None,
+    state_file: Path | None,
+    worker_log_dir: Path | None,
+    start_timeout_s: float,
+    drain_deadline_s: float,
+) -> LocalSettings:
+    """`LocalSettings` from the options both run modes take: command templates as shell
+    lines (None: the simulator), GPU ids comma-separated."""
+    backend_roles = {PlannerRole.PREFILL: Role.PREFILL, PlannerRole.DECODE: Role.DECODE}
+    if len(config.roles) == 1:  # aggregated: the workers prefill and decode
+        backend_roles[PlannerRole.DECODE] = Role.BOTH
+    return LocalSettings(
+        commands={role: shlex.split(cmd) for role, cmd in commands.items() if cmd},
+        backend_roles=backend_roles,
+        gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else [],
+        engine_num_gpu={role: config.engine_gpus(role) for role in PlannerRole},
+        state_file=state_file,
+        log_dir=worker_log_dir,
+        start_timeout_s=start_timeout_s,
+        drain_deadline_s=drain_deadline_s,
+    )

@@ -11,16 +11,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import shlex
 import sys
 from pathlib import Path
 
 import yaml
 from prometheus_client import CollectorRegistry
 
-from fleet.types import Role
 from planner.admin import HttpProxyAdmin, admin_client
-from planner.assemble import build_planner
+from planner.assemble import build_planner, local_settings
 from planner.config import PlannerConfig, PlannerRole
 from planner.config_file import config_fields, load_config
 from planner.local import LocalSettings
@@ -64,21 +62,12 @@ def build_config(args: argparse.Namespace) -> PlannerConfig:
 
 
 def build_local_settings(args: argparse.Namespace, config: PlannerConfig) -> LocalSettings:
-    commands = {
-        role: shlex.split(cmd)
-        for role in PlannerRole
-        if (cmd := getattr(args, f"{role.value}_command", None))
-    }
-    backend_roles = {PlannerRole.PREFILL: Role.PREFILL, PlannerRole.DECODE: Role.DECODE}
-    if len(config.roles) == 1:  # aggregated: the workers prefill and decode
-        backend_roles[PlannerRole.DECODE] = Role.BOTH
-    return LocalSettings(
-        commands=commands,
-        backend_roles=backend_roles,
-        gpus=[g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else [],
-        engine_num_gpu={role: config.engine_gpus(role) for role in PlannerRole},
+    return local_settings(
+        config,
+        commands={role: getattr(args, f"{role.value}_command", None) for role in PlannerRole},
+        gpus=args.gpus,
         state_file=args.state_file,
-        log_dir=args.worker_log_dir,
+        worker_log_dir=args.worker_log_dir,
         start_timeout_s=args.start_timeout,
         drain_deadline_s=args.drain_deadline,
     )
