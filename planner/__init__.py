@@ -14,5 +14,8 @@ Those are pure: no I/O, no clock. The runtime around them:
 - `planner.drain`: which worker to remove and how to drain it without cutting a request;
 - `planner.local`: `LocalConnector`, workers as local processes;
 - `planner.loop`: `PlannerLoop`, pull, decide, apply;
-- `planner.standalone`: `fleet-proxy plan`.
+- `planner.events`, `planner.metrics`, `planner.tensorboard`: what the runtime reports, and
+  where (status journal, Prometheus, TensorBoard files);
+- `planner.assemble`, `planner.config_file`: one planner, built alike in both run modes;
+- `planner.status_server`, `planner.standalone`: `fleet-proxy plan` and its `/metrics`.
 """

@@ -16,6 +16,7 @@ from fleet.types import Role
 from planner.admin import ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole
 from planner.connector import Connector
+from planner.events import PlannerEvents
 from planner.kubernetes import KubernetesConnector, KubernetesSettings, KubeRole, default_selector
 from planner.local import LocalConnector, LocalSettings
 
@@ -79,12 +80,14 @@ async def build_connector(
     *,
     local: LocalSettings | None = None,
     kubernetes: KubernetesOptions | None = None,
+    events: PlannerEvents | None = None,
 ) -> AsyncIterator[Connector]:
-    """The connector for `environment`, open for the duration of the block."""
+    """The connector for `environment`, open for the duration of the block; it reports its
+    drains to `events`."""
     if environment is Environment.LOCAL:
-        yield LocalConnector(proxy, local or LocalSettings())
+        yield LocalConnector(proxy, local or LocalSettings(), events=events)
         return
     options = kubernetes or KubernetesOptions()
     settings = kubernetes_settings(options, config)
     async with kube_api(kubeconfig=options.kubeconfig, base_url=options.base_url) as kube:
-        yield KubernetesConnector(proxy, kube, settings)
+        yield KubernetesConnector(proxy, kube, settings, events=events)

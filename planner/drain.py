@@ -51,6 +51,14 @@ class DrainReport:
     waited_s: float
     evacuated: dict[str, int] = field(default_factory=dict)  # move outcome -> requests
     evacuate_error: str = ""  # the evacuate call failed: the requests are waited for instead
+    started_with: int = 0  # requests on the worker once it stopped taking new ones
+
+    def requests_by_fate(self) -> dict[str, int]:
+        """What became of the requests it started with: `moved` by the evacuation, `left` on
+        the worker at the end, `finished` there meanwhile (the rest)."""
+        moved = self.evacuated.get("ok", 0)
+        finished = max(0, self.started_with - moved - self.remaining)
+        return {"moved": moved, "finished": finished, "left": self.remaining}
 
 
 class DrainTimeout(RuntimeError):
@@ -101,22 +109,26 @@ async def drain(
     evacuated: dict[str, int] = {}
     error = ""
     try:
-        evacuated = await proxy.evacuate(worker_id)
-    except Exception as e:  # moves are an optimisation: unmoved requests still finish there
-        error = f"{type(e).__name__}: {e}"
-    try:
+        started_with = await remaining_on(proxy, worker_id)
+        try:
+            evacuated = await proxy.evacuate(worker_id)
+        except Exception as e:  # moves are an optimisation: unmoved requests still finish there
+            error = f"{type(e).__name__}: {e}"
         while True:
             left = await remaining_on(proxy, worker_id)
             waited = clock.now() - start
             if left == 0:
                 await proxy.remove_backend(worker_id)
-                return DrainReport(worker_id, DrainOutcome.DRAINED, 0, waited, evacuated, error)
+                return DrainReport(
+                    worker_id, DrainOutcome.DRAINED, 0, waited, evacuated, error, started_with
+                )
             if waited >= deadline_s:
                 # Back in rotation: a worker kept up should serve, not sit idle draining.
                 await proxy.undrain(worker_id)
                 return DrainReport(
-                    worker_id, DrainOutcome.DRAIN_TIMEOUT, left, waited, evacuated, error
-                )
+                    worker_id, DrainOutcome.DRAIN_TIMEOUT, left, waited, evacuated, error,
+                    started_with,
+                )  # fmt: skip
             await sleep(min(poll_s, max(0.0, deadline_s - waited)))
     except Exception:
         # The proxy failed us mid-drain: put the worker back in rotation if it can be.

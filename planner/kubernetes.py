@@ -35,6 +35,7 @@ from planner.admin import ProxyAdmin
 from planner.config import PlannerRole
 from planner.connector import WorkerInfo
 from planner.drain import DrainReport, choose_victim, drain, drained_or_raise, live_tokens
+from planner.events import NoEvents, PlannerEvents
 
 log = logging.getLogger("fleet_proxy.planner")
 
@@ -89,8 +90,10 @@ class KubernetesConnector:
         kube: KubeApi,
         settings: KubernetesSettings,
         clock: Clock | None = None,
+        events: PlannerEvents | None = None,
     ) -> None:
         self.proxy = proxy
+        self.events: PlannerEvents = events or NoEvents()
         self.kube = kube
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -174,6 +177,7 @@ class KubernetesConnector:
             poll_s=self.settings.poll_s,
         )  # fmt: skip
         self.last_drains = [*self.last_drains[-9:], report]
+        self.events.on_drain(role, report)
         drained_or_raise(report)
         ns = self.settings.namespace
         if spec.target.kind is ScaleKind.DEPLOYMENT:

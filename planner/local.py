@@ -36,6 +36,7 @@ from planner.config import PlannerRole
 from planner.connector import WorkerInfo
 from planner.drain import DrainReport, choose_victim, drain, drained_or_raise, live_tokens
 from planner.drain import DrainTimeout as DrainTimeout  # where callers have caught it
+from planner.events import NoEvents, PlannerEvents
 
 log = logging.getLogger("fleet_proxy.planner")
 
@@ -79,11 +80,16 @@ class LocalSettings:
 
 class LocalConnector:
     def __init__(
-        self, proxy: ProxyAdmin, settings: LocalSettings, clock: Clock | None = None
+        self,
+        proxy: ProxyAdmin,
+        settings: LocalSettings,
+        clock: Clock | None = None,
+        events: PlannerEvents | None = None,
     ) -> None:
         self.proxy = proxy
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
+        self.events: PlannerEvents = events or NoEvents()  # hears every drain
         self._workers: dict[str, LocalWorker] = {}
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self.last_drains: list[DrainReport] = []
@@ -189,6 +195,7 @@ class LocalConnector:
             poll_s=self.settings.poll_s,
         )  # fmt: skip
         self.last_drains = [*self.last_drains[-9:], report]
+        self.events.on_drain(role, report)
         drained_or_raise(report)
         await self._stop_process(self._workers[victim.id])
         log.info("planner: drained and stopped %s worker %s", role, victim.id)

@@ -26,6 +26,7 @@ from planner.admin import BackendStatus, ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole, check_config
 from planner.connector import Connector
 from planner.decide import Decision, PlannerState, advance, change_done
+from planner.events import Journal, NoEvents, PlannerEvents
 from planner.observe import Sample, WorkerLoad, sample
 from planner.profile_file import SlaProfiles
 from planner.sla_mode import Decider, decider_for
@@ -65,7 +66,12 @@ class PlannerLoop:
         clock: Clock | None = None,
         keep: int = 20,
         profiles: SlaProfiles | None = None,
+        events: PlannerEvents | None = None,
+        journal: Journal | None = None,
     ) -> None:
+        """`events` hears every sample and due decision (metrics, TensorBoard); `journal`,
+        which the connector reports its drains to as well, adds the last sample and drains
+        to `status()`."""
         check_config(config)
         # The mode's rules; SLA mode reads `profiles`, or the config's profile file.
         self.decider: Decider = decider_for(config, profiles)
@@ -76,6 +82,8 @@ class PlannerLoop:
         self.history: list[Sample] = []
         self.state: PlannerState | None = None
         self._decisions: deque[DecisionRecord] = deque(maxlen=keep)
+        self.events: PlannerEvents = events or NoEvents()
+        self.journal = journal or Journal()
 
     def decisions(self) -> list[DecisionRecord]:
         """The last due adjustments, oldest first."""
@@ -86,6 +94,7 @@ class PlannerLoop:
             "config": dataclasses.asdict(self.config),
             "state": dataclasses.asdict(self.state) if self.state else None,
             "decisions": [d.as_json() for d in self._decisions],
+            **self.journal.status(),
         }
 
     async def start(self) -> PlannerState:
@@ -115,6 +124,9 @@ class PlannerLoop:
             self.history.append(sample(now, worker_loads(await self.proxy.backends())))
         except Exception as e:  # the proxy unreachable for a pull: decide on what we have
             log.warning("planner: metric pull failed: %s: %s", type(e).__name__, e)
+        else:
+            self.journal.on_sample(self.history[-1])
+            self.events.on_sample(self.history[-1])
         decision = await self.decider.decide(self.history, state, self.config, now)
         state = advance(state, decision, self.config)
         errors: list[str] = []
@@ -134,6 +146,7 @@ class PlannerLoop:
             # Samples before the new interval are never read again.
             self.history = [s for s in self.history if s.at > state.last_adjustment_at]
             self._record(decision, errors)
+            self.events.on_decision(decision, state, tuple(errors))
         return decision
 
     async def _apply(self, decision: Decision) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.sla import DecodeGrid, PrefillCurve
 
@@ -136,6 +136,12 @@ def read_profile_file(path: Path) -> ProfileFile:
     """The file, validated (ValueError naming the file and the fault)."""
     try:
         return ProfileFile.model_validate(orjson.loads(path.read_bytes()))
+    except ValidationError as e:
+        # One line per file, each fault with where it is: pydantic's own text spans lines.
+        faults = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or 'file'}: {err['msg']}" for err in e.errors()
+        )
+        raise ValueError(f"{path}: not a usable SLA profile: {faults}") from e
     except (OSError, orjson.JSONDecodeError, ValueError) as e:
         raise ValueError(f"{path}: not a usable SLA profile: {e}") from e
 

@@ -10,50 +10,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import shlex
 import sys
-import types
-import typing
 from pathlib import Path
-from typing import Any
 
 import yaml
+from prometheus_client import CollectorRegistry
 
-from fleet.types import Role
 from planner.admin import HttpProxyAdmin, admin_client
-from planner.config import PlannerConfig, PlannerRole, Topology, check_config
+from planner.assemble import build_planner, local_settings, observers
+from planner.config import PlannerConfig, PlannerRole
+from planner.config_file import config_fields, load_config
 from planner.connectors import Environment, build_connector, kubernetes_settings
 from planner.kube_flags import add_kubernetes_flags, kubernetes_options
 from planner.local import LocalSettings
-from planner.loop import PlannerLoop
+from planner.sla_mode import decider_for
+from planner.status_server import serving_status
 
 log = logging.getLogger("fleet_proxy.planner")
-
-
-def config_fields() -> list[dataclasses.Field[Any]]:
-    return list(dataclasses.fields(PlannerConfig))
-
-
-def _convert(name: str, raw: Any) -> Any:
-    """A flag's or YAML value as the field's type."""
-    hint = typing.get_type_hints(PlannerConfig)[name]
-    if isinstance(hint, types.UnionType):  # `int | None`
-        if raw is None or str(raw).lower() in ("none", ""):
-            return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    if hint is bool:
-        if isinstance(raw, bool):
-            return raw
-        if str(raw).lower() in ("1", "true", "yes", "on"):
-            return True
-        if str(raw).lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{name}: not a boolean: {raw!r}")
-    if hint is Topology:
-        return Topology(str(raw))
-    return hint(raw)
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -61,6 +35,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-token", help="the proxy's admin token")
     p.add_argument("--config", type=Path, help="YAML file of planner settings")
     p.add_argument("--log-level", default="info", help="critical|error|warning|info|debug")
+    p.add_argument("--log-dir", type=Path, help="write TensorBoard event files here")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve /metrics and /status on this port (default: off)"
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     g = p.add_argument_group("planner settings")
     for f in config_fields():
         g.add_argument(
@@ -75,68 +54,59 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         )
     w.add_argument("--gpus", help="GPU ids to hand out, comma-separated (default: none)")
     w.add_argument("--state-file", type=Path, default=Path("fleet-planner-state.json"))
-    w.add_argument("--log-dir", type=Path, help="write each worker's output here")
+    w.add_argument("--worker-log-dir", type=Path, help="write each worker's output here")
     w.add_argument("--start-timeout", type=float, default=600.0, help="seconds to /health")
     w.add_argument("--drain-deadline", type=float, default=120.0, help="seconds to drain")
     add_kubernetes_flags(p)
 
 
 def build_config(args: argparse.Namespace) -> PlannerConfig:
-    values: dict[str, Any] = {}
-    names = {f.name for f in config_fields()}
-    if args.config is not None:
-        data = yaml.safe_load(args.config.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.config}: a mapping of planner settings expected")
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"{args.config}: unknown planner settings {unknown}")
-        values.update({k: _convert(k, v) for k, v in data.items()})
-    for name in names:
-        raw = getattr(args, name, None)
-        if raw is not None:
-            values[name] = _convert(name, raw)
-    config = PlannerConfig(**values)
-    check_config(config)
-    return config
+    overrides = {f.name: getattr(args, f.name, None) for f in config_fields()}
+    return load_config(args.config, overrides)
 
 
 def build_local_settings(args: argparse.Namespace, config: PlannerConfig) -> LocalSettings:
-    commands = {
-        role: shlex.split(cmd)
-        for role in PlannerRole
-        if (cmd := getattr(args, f"{role.value}_command", None))
-    }
-    backend_roles = {PlannerRole.PREFILL: Role.PREFILL, PlannerRole.DECODE: Role.DECODE}
-    if len(config.roles) == 1:  # aggregated: the workers prefill and decode
-        backend_roles[PlannerRole.DECODE] = Role.BOTH
-    return LocalSettings(
-        commands=commands,
-        backend_roles=backend_roles,
-        gpus=[g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else [],
-        engine_num_gpu={role: config.engine_gpus(role) for role in PlannerRole},
+    return local_settings(
+        config,
+        commands={role: getattr(args, f"{role.value}_command", None) for role in PlannerRole},
+        gpus=args.gpus,
         state_file=args.state_file,
-        log_dir=args.log_dir,
+        worker_log_dir=args.worker_log_dir,
         start_timeout_s=args.start_timeout,
         drain_deadline_s=args.drain_deadline,
     )
 
 
 async def run(args: argparse.Namespace, config: PlannerConfig, local: LocalSettings) -> None:
-    async with admin_client(args.admin_token) as client:
+    registry = CollectorRegistry(auto_describe=True)
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(admin_client(args.admin_token))
         proxy = HttpProxyAdmin(client, args.proxy)
-        async with build_connector(
-            Environment(args.environment), proxy, config,
-            local=local, kubernetes=kubernetes_options(args, local),
-        ) as connector:  # fmt: skip
-            loop = PlannerLoop(proxy, connector, config)
-            state = await loop.start()
-            log.info(
-                "planning %s: prefill=%d decode=%d, adjusting every %.1fs",
-                args.proxy, state.prefill_replicas, state.decode_replicas,
-                config.adjustment_interval,
-            )  # fmt: skip
-            await loop.run()
+        watching = observers(registry, args.log_dir)
+        stack.callback(watching.close)
+        connector = await stack.enter_async_context(
+            build_connector(
+                Environment(args.environment),
+                proxy,
+                config,
+                local=local,
+                kubernetes=kubernetes_options(args, local),
+                events=watching.for_connector,
+            )
+        )
+        planner = build_planner(proxy, connector, config, watching)
+        if args.metrics_port is not None:
+            port = await stack.enter_async_context(
+                serving_status(planner.status, registry, args.metrics_host, args.metrics_port)
+            )
+            log.info("planner /metrics and /status on %s:%d", args.metrics_host, port)
+        loop = planner.loop
+        state = await loop.start()
+        log.info(
+            "planning %s: prefill=%d decode=%d, adjusting every %.1fs",
+            args.proxy, state.prefill_replicas, state.decode_replicas, config.adjustment_interval,
+        )  # fmt: skip
+        await loop.run()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -148,6 +118,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
         local = build_local_settings(args, config)
+        decider_for(config)  # an SLA profile's or predictor's faults, before starting
         if args.environment == Environment.KUBERNETES:  # its flags' faults before starting
             kubernetes_settings(kubernetes_options(args, local), config)
     except (ValueError, OSError, yaml.YAMLError) as e:

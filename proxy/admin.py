@@ -17,7 +17,7 @@ import asyncio
 import os
 import secrets
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -84,11 +84,64 @@ def backend_view(
     }
 
 
+class StatusSource(Protocol):
+    def status(self) -> dict[str, Any]: ...
+
+
+async def move_one(
+    core: ProxyCore,
+    entry: LiveEntry,
+    to: Backend | None,
+    reason: str,
+    wait_s: float | None = None,
+    kind: str | None = None,
+) -> dict[str, Any]:
+    """Move one live request; its outcome as the admin API reports it."""
+    try:
+        result = await asyncio.wait_for(
+            entry.move(to, reason, kind=kind), timeout=wait_s or core.settings.move_timeout
+        )
+    except NotMovable as e:
+        return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}
+    except TimeoutError:
+        return {"request_id": entry.request_id, "outcome": "pending", "detail": "still moving"}
+    return {"request_id": entry.request_id, **asdict(result)}
+
+
+async def evacuate_backend(
+    core: ProxyCore,
+    changes: FleetChanges,
+    backend: Backend,
+    *,
+    drain: bool = True,
+    reason: str = "evacuate",
+) -> dict[str, Any]:
+    """Move every movable live request off `backend`, all at once; with `drain` it first
+    stops taking new requests. What POST /admin/backends/{id}/evacuate answers."""
+    if drain:
+        await changes.set_draining(backend.id, True)
+    entries = core.live.on_backend(backend.id)
+    results = await asyncio.gather(*(move_one(core, e, None, reason) for e in entries))
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    return {
+        "backend": backend.id,
+        "draining": backend.draining,
+        "requests": len(entries),
+        "outcomes": counts,
+        "results": results,
+    }
+
+
 def admin_router(
-    core: ProxyCore, changes: FleetChanges | None = None, sync: PeerSync | None = None
+    core: ProxyCore,
+    changes: FleetChanges | None = None,
+    sync: PeerSync | None = None,
+    planner: StatusSource | None = None,
 ) -> APIRouter:
     """`changes` defaults to changing this process's registry; `sync` is this worker's
-    `PeerSync` when the proxy runs several."""
+    `PeerSync` when the proxy runs several; `planner` the colocated planner, if enabled."""
     token = core.settings.admin_token
     fleet_changes: FleetChanges = changes or LocalChanges(core.fleet)
     settings = core.settings
@@ -203,23 +256,6 @@ def admin_router(
             raise HTTPException(status_code=404, detail=f"no backend {backend_id!r}")
         return b
 
-    async def move_one(
-        entry: LiveEntry,
-        to: Backend | None,
-        reason: str,
-        wait_s: float | None = None,
-        kind: str | None = None,
-    ) -> dict[str, Any]:
-        try:
-            result = await asyncio.wait_for(
-                entry.move(to, reason, kind=kind), timeout=wait_s or core.settings.move_timeout
-            )
-        except NotMovable as e:
-            return {"request_id": entry.request_id, "outcome": "not_movable", "detail": e.reason}
-        except TimeoutError:
-            return {"request_id": entry.request_id, "outcome": "pending", "detail": "still moving"}
-        return {"request_id": entry.request_id, **asdict(result)}
-
     @router.post(
         "/requests/{request_id}/migrate",
         responses={
@@ -249,7 +285,7 @@ def admin_router(
                     "detail": f"no longer on {order.source}",
                 },
             )
-        result = await move_one(entry, to, order.reason, order.timeout, order.kind)
+        result = await move_one(core, entry, to, order.reason, order.timeout, order.kind)
         code = 200 if result["outcome"] in ("ok", "pending") else 409
         return JSONResponse(status_code=code, content=result)
 
@@ -258,20 +294,7 @@ def admin_router(
         """Move every movable live request off a backend, all at once; with `drain` (the
         default) the backend first stops taking new requests."""
         backend = backend_or_404(backend_id)
-        if drain:
-            await fleet_changes.set_draining(backend_id, True)
-        entries = core.live.on_backend(backend.id)
-        results = await asyncio.gather(*(move_one(e, None, reason) for e in entries))
-        counts: dict[str, int] = {}
-        for r in results:
-            counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-        return {
-            "backend": backend_id,
-            "draining": backend.draining,
-            "requests": len(entries),
-            "outcomes": counts,
-            "results": results,
-        }
+        return await evacuate_backend(core, fleet_changes, backend, drain=drain, reason=reason)
 
     @router.get("/rescheduler")
     async def rescheduler_state() -> dict[str, Any]:
@@ -287,6 +310,14 @@ def admin_router(
             "cycles": [c.as_json() for c in loop.history()],
             "migrating_cycles": [c.as_json() for c in loop.migrating_history()],
         }
+
+    @router.get("/planner")
+    async def planner_state() -> dict[str, Any]:
+        """The colocated planner (`planner_enabled`): its settings, state, last sample, last
+        decisions with their errors, and last drains (docs/planner.md)."""
+        if planner is None:
+            return {"enabled": False, "decisions": [], "drains": []}
+        return {"enabled": True, **planner.status()}
 
     @router.get("/rescheduler/view")
     async def rescheduler_view() -> dict[str, Any]:

@@ -25,12 +25,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fleet.change_log import ChangeLog
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
+from planner.assemble import Planner
 from proxy.admin import admin_router
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder
-from proxy.peer_sync import PeerSync, SharedChanges, WorkerSeat
+from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync, SharedChanges, WorkerSeat
+from proxy.planner_admin import build_colocated_planner
 from proxy.settings import Settings
 
 log = logging.getLogger("fleet_proxy")
@@ -63,6 +65,14 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
     )
 
 
+async def run_planner(planner: Planner) -> None:
+    """The colocated planner until cancelled; should it fail, the proxy serves on without it."""
+    try:
+        await planner.loop.run()
+    except Exception:
+        log.exception("the planner stopped")
+
+
 def create_app(
     settings: Settings, clock: Clock | None = None, seat: WorkerSeat | None = None
 ) -> FleetProxyApp:
@@ -80,6 +90,9 @@ def create_app(
         )
         # /metrics answers for the worker that serves the scrape: say which one.
         core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
+    changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
+    # Settings refuse it with several workers: a drain must see every live request.
+    planner = build_colocated_planner(core, changes) if settings.planner_enabled else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -88,12 +101,21 @@ def create_app(
         if sync is not None:
             sync.step()  # before the first request: peers' load and changes made before start
             sync_task = asyncio.create_task(sync.run(), name="peer-sync")
+        planner_task = None
+        if planner is not None:
+            planner_task = asyncio.create_task(run_planner(planner), name="planner")
         # Everything built so far lives as long as the process: keep it out of the cyclic
         # collector's scans, which otherwise grow with every module the app imported.
         gc.freeze()
         try:
             yield
         finally:
+            if planner_task is not None and planner is not None:
+                # Its workers stay up: a restarted proxy finds them in the state file.
+                planner_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await planner_task
+                planner.close()
             if sync_task is not None:
                 sync_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -141,9 +163,8 @@ def create_app(
             ],
         }
 
-    control.include_router(
-        admin_router(core, SharedChanges(sync) if sync is not None else None, sync)
-    )
+    control.include_router(admin_router(core, changes, sync, planner))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.core = core
+    control.state.planner = planner
     return FleetProxyApp(core, control)

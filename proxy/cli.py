@@ -40,6 +40,14 @@ def _serve_parser(sub: Any) -> None:
         help="move live requests between backends (docs/rescheduler.md)",
     )
     _rescheduler_flags(p)
+    p.add_argument(
+        "--enable-planner",
+        dest="planner_enabled",
+        action="store_const",
+        const=True,
+        help="scale the fleet's workers with the planner in this process (docs/planner.md)",
+    )
+    _setting_flags(p, PLANNER_FLAGS)
 
 
 # Every rescheduler setting has a flag of its own name (`--rescheduling-interval-ms 250`);
@@ -68,8 +76,26 @@ RESCHEDULER_FLAGS = (
 )
 
 
+# The colocated planner's settings, each a flag of its own name (`--planner-config plan.yaml`).
+PLANNER_FLAGS = (
+    "planner_config",
+    "planner_prefill_command",
+    "planner_decode_command",
+    "planner_gpus",
+    "planner_state_file",
+    "planner_worker_log_dir",
+    "planner_log_dir",
+    "planner_start_timeout",
+    "planner_drain_deadline",
+)
+
+
 def _rescheduler_flags(p: Any) -> None:
-    for name in RESCHEDULER_FLAGS:
+    _setting_flags(p, RESCHEDULER_FLAGS)
+
+
+def _setting_flags(p: Any, names: tuple[str, ...]) -> None:
+    for name in names:
         field = Settings.model_fields[name]
         default = field.get_default(call_default_factory=True)
         if isinstance(default, list):
@@ -108,7 +134,10 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 def build_settings(args: argparse.Namespace) -> Settings:
     names = ["host", "port", "backends", "policy", "admin_token", "log_level", "workers"]
-    overrides = _overrides(args, [*names, "enable_rescheduling", *RESCHEDULER_FLAGS])
+    overrides = _overrides(
+        args,
+        [*names, "enable_rescheduling", *RESCHEDULER_FLAGS, "planner_enabled", *PLANNER_FLAGS],
+    )
     return load_settings(overrides, args.config)
 
 

@@ -275,6 +275,25 @@ class Settings(BaseSettings):
     rescheduling_max_concurrent_migrations: int = Field(10, ge=1, le=1000)
     rescheduling_history: int = Field(20, ge=0, le=10_000, description="cycles kept")
 
+    # --- the planner (planner/, docs/planner.md): scales the fleet's workers up and down,
+    # started as local processes, from the load this proxy observes.
+    planner_enabled: bool = False
+    # A YAML file of the planner's settings (the keys `fleet-proxy plan --config` reads).
+    planner_config: Path | None = None
+    # Worker command templates with {port} and {role}, shell-split; None: the simulator.
+    planner_prefill_command: str | None = None
+    planner_decode_command: str | None = None
+    planner_gpus: str | None = Field(None, description="GPU ids to hand out, comma-separated")
+    planner_state_file: Path = Path("fleet-planner-state.json")
+    planner_worker_log_dir: Path | None = None  # each worker's output; None: discarded
+    planner_log_dir: Path | None = None  # TensorBoard event files; None: none written
+    planner_start_timeout: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="seconds for a new worker's /health"
+    )
+    planner_drain_deadline: float = Field(
+        120.0, gt=0, allow_inf_nan=False, description="seconds a drain may take"
+    )
+
     @field_validator("rescheduling_policies", mode="before")
     @classmethod
     def _policy_list(cls, v: Any) -> Any:
@@ -301,6 +320,17 @@ class Settings(BaseSettings):
         if v not in LOAD_METRICS:
             raise ValueError(f"unknown load metric {v!r}; known: {', '.join(LOAD_METRICS)}")
         return v
+
+    @model_validator(mode="after")
+    def _planner_in_one_process(self) -> Settings:
+        if self.planner_enabled and self.workers > 1:
+            raise ValueError(
+                "planner_enabled needs workers = 1: each serving process has its own live "
+                "requests, and a drain must see every request on the worker it removes; with "
+                "several workers run the planner beside the proxy (`fleet-proxy plan --proxy "
+                "URL`, docs/planner.md)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rescheduling_consistent(self) -> Settings:

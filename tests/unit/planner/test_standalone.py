@@ -9,7 +9,7 @@ import pytest
 
 from fleet.types import Role
 from planner.config import PlannerMode, PlannerRole, PredictorKind, Topology
-from planner.standalone import add_flags, build_config, build_local_settings
+from planner.standalone import add_flags, build_config, build_local_settings, main
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -60,3 +60,24 @@ def test_sla_settings_from_flags() -> None:
     assert (config.mode, config.ttft_target, config.itl_target) == (PlannerMode.SLA, 0.2, 0.02)
     assert config.sla_profile == "sla.json"
     assert (config.load_predictor, config.load_predictor_window) == (PredictorKind.KALMAN, 12)
+
+
+def test_log_dir_is_tensorboard_worker_output_has_its_own_flag(tmp_path: Path) -> None:
+    args = parse("--log-dir", str(tmp_path / "tb"), "--worker-log-dir", str(tmp_path / "w"))
+    assert args.log_dir == tmp_path / "tb"
+    assert build_local_settings(args, build_config(args)).log_dir == tmp_path / "w"
+    assert args.metrics_port is None and args.metrics_host == "127.0.0.1"
+    assert parse("--metrics-port", "9100").metrics_port == 9100
+
+
+def test_a_bad_sla_profile_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "sla.json"
+    bad.write_text("{}")
+    args = parse(
+        "--mode", "sla", "--ttft-target", "0.2", "--itl-target", "0.02", "--sla-profile", str(bad)
+    )  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleet-proxy: ") and "sla.json" in err and "\n" not in err

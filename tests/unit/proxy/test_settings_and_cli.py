@@ -58,28 +58,26 @@ def test_missing_config_file() -> None:
         load_settings({}, Path("/nonexistent/fleet.yaml"))
 
 
-def test_serve_with_bad_settings_exits_2_naming_the_field() -> None:
+def serve(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`fleet-proxy serve ARGV` in a fresh process, without this one's FLEET_PROXY_* variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
-    r = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "--port", "99999"],
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", *argv],
         capture_output=True,
         text=True,
         env=env,
         timeout=60,
     )
+
+
+def test_serve_with_bad_settings_exits_2_naming_the_field() -> None:
+    r = serve("--port", "99999")
     assert r.returncode == 2
     assert "port:" in r.stderr
 
 
 def test_serve_with_unknown_policy_lists_known_ones() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
-    r = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "--policy", "nope", "--port", "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    r = serve("--policy", "nope", "--port", "0")
     assert r.returncode == 2
     assert "unknown policy 'nope'" in r.stderr and "round_robin" in r.stderr
 
