@@ -10,6 +10,7 @@ from fleet.types import Role
 from planner.admin import LiveRequest
 from planner.config import PlannerRole
 from planner.drain import DrainTimeout
+from planner.events import Journal
 from planner.kubernetes import (
     KubernetesConnector,
     KubernetesSettings,
@@ -32,7 +33,12 @@ def connector(
         poll_s=0.0,
         **kw,  # type: ignore[arg-type]
     )
-    return KubernetesConnector(admin, kube, settings, clock=FakeClock())
+    return KubernetesConnector(admin, kube, settings, clock=FakeClock(), events=Journal())
+
+
+def journal(c: KubernetesConnector) -> Journal:
+    assert isinstance(c.events, Journal)
+    return c.events
 
 
 def finish_after_evacuate(admin: FakeAdmin) -> None:
@@ -104,6 +110,8 @@ async def test_scale_down_drains_the_cheapest_then_marks_it_then_lowers_replicas
     assert kube.calls == [("annotate", "dec-1"), ("scale", "deployment/dec=2")]
     assert sorted(kube.pods) == ["dec-0", "dec-2"]  # the controller removed exactly that one
     assert [r.outcome.value for r in c.last_drains] == ["drained"]
+    # The drain is reported (metrics, TensorBoard, the status view hear it).
+    assert [(d.role, d.report.worker_id) for d in journal(c).drains] == [(DECODE, "dec-1")]
 
 
 async def test_drain_timeout_leaves_replicas_alone() -> None:
@@ -118,6 +126,7 @@ async def test_drain_timeout_leaves_replicas_alone() -> None:
     assert kube.replicas == {"deployment/dec": 2}
     assert ("undrain", "dec-0") in admin.calls
     assert not admin.backends_by_id["dec-0"].draining
+    assert [d.report.outcome.value for d in journal(c).drains] == ["drain_timeout"]
 
 
 async def test_statefulset_victim_is_the_highest_ordinal() -> None:
