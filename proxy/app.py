@@ -25,14 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fleet.change_log import ChangeLog
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
-from planner.assemble import Planner
 from proxy.admin import admin_router
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync, SharedChanges, WorkerSeat
-from proxy.planner_admin import build_colocated_planner
+from proxy.planner_admin import ColocatedPlanner
 from proxy.settings import Settings
 
 log = logging.getLogger("fleet_proxy")
@@ -65,14 +64,6 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
     )
 
 
-async def run_planner(planner: Planner) -> None:
-    """The colocated planner until cancelled; should it fail, the proxy serves on without it."""
-    try:
-        await planner.loop.run()
-    except Exception:
-        log.exception("the planner stopped")
-
-
 def create_app(
     settings: Settings, clock: Clock | None = None, seat: WorkerSeat | None = None
 ) -> FleetProxyApp:
@@ -92,7 +83,7 @@ def create_app(
         core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
     # Settings refuse it with several workers: a drain must see every live request.
-    planner = build_colocated_planner(core, changes) if settings.planner_enabled else None
+    planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -103,7 +94,7 @@ def create_app(
             sync_task = asyncio.create_task(sync.run(), name="peer-sync")
         planner_task = None
         if planner is not None:
-            planner_task = asyncio.create_task(run_planner(planner), name="planner")
+            planner_task = asyncio.create_task(planner.run(), name="planner")
         # Everything built so far lives as long as the process: keep it out of the cyclic
         # collector's scans, which otherwise grow with every module the app imported.
         gc.freeze()

@@ -87,6 +87,16 @@ PLANNER_FLAGS = (
     "planner_log_dir",
     "planner_start_timeout",
     "planner_drain_deadline",
+    "planner_environment",
+    "planner_namespace",
+    "planner_served_model_name",
+    "planner_prefill_target",
+    "planner_decode_target",
+    "planner_prefill_selector",
+    "planner_decode_selector",
+    "planner_engine_port",
+    "planner_kubeconfig",
+    "planner_register",
 )
 
 

@@ -1,14 +1,20 @@
 """The planner inside `fleet-proxy serve` (`planner_enabled`): `InProcessAdmin`, the planner's
 `ProxyAdmin` on this proxy's own registry and live-request table, changing the fleet through
-the same code the admin API uses (no HTTP to itself), and `build_colocated_planner`.
+the same code the admin API uses (no HTTP to itself), and `ColocatedPlanner`.
 
-Its workers are local processes (planner/local.py) that outlive the proxy on purpose: a
-restarted proxy finds them again through `planner_state_file`.
+Its workers are local processes (planner/local.py), or the pods of a Deployment or StatefulSet
+per role (`planner_environment: kubernetes`, planner/kubernetes.py); either outlives the proxy
+on purpose: a restarted proxy finds local workers again through `planner_state_file`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,10 +23,13 @@ from planner.admin import BackendStatus, LiveRequest
 from planner.assemble import Planner, build_planner, local_settings, observers
 from planner.config import PlannerRole
 from planner.config_file import load_config
-from planner.local import LocalConnector
+from planner.connectors import Environment, KubernetesOptions, build_connector, kubernetes_settings
+from planner.sla_mode import decider_for
 from proxy.admin import evacuate_backend
 from proxy.core import ProxyCore
 from proxy.peer_sync import FleetChanges
+
+log = logging.getLogger("fleet_proxy.planner")
 
 
 class InProcessAdmin:
@@ -74,26 +83,99 @@ class InProcessAdmin:
             raise KeyError(f"no backend {backend_id!r}")
 
 
-def build_colocated_planner(core: ProxyCore, changes: FleetChanges) -> Planner:
-    """ValueError naming what is wrong with the planner's settings or their file."""
-    s = core.settings
-    try:
-        config = load_config(s.planner_config)
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"planner_config: {e}") from None
-    local = local_settings(
-        config,
-        commands={
-            PlannerRole.PREFILL: s.planner_prefill_command,
-            PlannerRole.DECODE: s.planner_decode_command,
-        },
-        gpus=s.planner_gpus,
-        state_file=Path(s.planner_state_file),
-        worker_log_dir=s.planner_worker_log_dir,
-        start_timeout_s=s.planner_start_timeout,
-        drain_deadline_s=s.planner_drain_deadline,
-    )
-    admin = InProcessAdmin(core, changes)
-    watching = observers(core.prom, s.planner_log_dir)
-    connector = LocalConnector(admin, local, events=watching.for_connector)
-    return build_planner(admin, connector, config, watching)
+def _setting_names(fault: ValueError) -> str:
+    """The fault as it names `fleet-proxy plan`'s flags, with this proxy's setting names."""
+    return re.sub(r"--([a-z-]+)", lambda m: "planner_" + m[1].replace("-", "_"), str(fault))
+
+
+class ColocatedPlanner:
+    """The planner inside the proxy. Settings are checked when it is made (a fault stops
+    start-up); the connector opens in `run` (a Kubernetes client lives as long as the loop),
+    so `status()` says `running: false` until the first state exists."""
+
+    def __init__(self, core: ProxyCore, changes: FleetChanges) -> None:
+        """ValueError naming what is wrong with the planner's settings or their file."""
+        s = core.settings
+        try:
+            self.config = load_config(s.planner_config)
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"planner_config: {e}") from None
+        decider_for(self.config)  # an SLA profile's or predictor's faults, now
+        self.local = local_settings(
+            self.config,
+            commands={
+                PlannerRole.PREFILL: s.planner_prefill_command,
+                PlannerRole.DECODE: s.planner_decode_command,
+            },
+            gpus=s.planner_gpus,
+            state_file=Path(s.planner_state_file),
+            worker_log_dir=s.planner_worker_log_dir,
+            start_timeout_s=s.planner_start_timeout,
+            drain_deadline_s=s.planner_drain_deadline,
+        )
+        self.environment = Environment(s.planner_environment)
+        self.kubernetes = KubernetesOptions(
+            namespace=s.planner_namespace,
+            served_model_name=s.planner_served_model_name,
+            targets={
+                role: t
+                for role, t in (
+                    (PlannerRole.PREFILL, s.planner_prefill_target),
+                    (PlannerRole.DECODE, s.planner_decode_target),
+                )
+                if t
+            },
+            selectors={
+                role: sel
+                for role, sel in (
+                    (PlannerRole.PREFILL, s.planner_prefill_selector),
+                    (PlannerRole.DECODE, s.planner_decode_selector),
+                )
+                if sel
+            },
+            engine_port=s.planner_engine_port,
+            kubeconfig=s.planner_kubeconfig,
+            register=s.planner_register,
+            start_timeout_s=s.planner_start_timeout,
+            drain_deadline_s=s.planner_drain_deadline,
+        )
+        if self.environment is Environment.KUBERNETES:
+            try:  # targets and selectors, before start-up goes on
+                kubernetes_settings(self.kubernetes, self.config)
+            except ValueError as e:
+                # The message names the flags of `fleet-proxy plan`: say the settings' names.
+                named = re.sub(
+                    r"--([a-z-]+)", lambda m: "planner_" + m[1].replace("-", "_"), str(e)
+                )
+                raise ValueError(f"planner_environment kubernetes: {named}") from None
+        self.admin = InProcessAdmin(core, changes)
+        self.observers = observers(core.prom, s.planner_log_dir)
+        self.planner: Planner | None = None
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[Planner]:
+        """The planner with its connector open."""
+        async with build_connector(
+            self.environment, self.admin, self.config,
+            local=self.local, kubernetes=self.kubernetes, events=self.observers.for_connector,
+        ) as connector:  # fmt: skip
+            self.planner = build_planner(self.admin, connector, self.config, self.observers)
+            yield self.planner
+
+    async def run(self) -> None:
+        """Until cancelled; should it fail, the proxy serves on without it (logged)."""
+        try:
+            async with self.opened() as planner:
+                await planner.loop.run()
+        except Exception:
+            log.exception("the planner stopped")
+
+    def status(self) -> dict[str, Any]:
+        if self.planner is None or self.planner.loop.state is None:
+            return {"running": False, "environment": self.environment.value}
+        return {"running": True, "environment": self.environment.value, **self.planner.status()}
+
+    def close(self) -> None:
+        """TensorBoard files flushed. Workers stay up: a restarted proxy finds them in the
+        state file (local) or as the pods they are (Kubernetes)."""
+        self.observers.close()

@@ -293,6 +293,19 @@ class Settings(BaseSettings):
     planner_drain_deadline: float = Field(
         120.0, gt=0, allow_inf_nan=False, description="seconds a drain may take"
     )
+    # Where workers run: local processes, or the pods of a Deployment or StatefulSet per role.
+    planner_environment: Literal["local", "kubernetes"] = "local"
+    planner_namespace: str | None = None  # None: the in-cluster namespace, else `default`
+    # Names the default pod selectors fleet-proxy.io/model=<name>,fleet-proxy.io/role=<role>.
+    planner_served_model_name: str | None = None
+    planner_prefill_target: str | None = None  # deployment/NAME or statefulset/NAME
+    planner_decode_target: str | None = None
+    planner_prefill_selector: str | None = None  # the role's pod label selector
+    planner_decode_selector: str | None = None
+    planner_engine_port: int = Field(8000, ge=1, le=65535, description="the pods' engine port")
+    planner_kubeconfig: Path | None = None  # None: in-cluster config, else ~/.kube/config
+    # Register new pods with this proxy; off when pods are discovered by other means.
+    planner_register: bool = True
 
     @field_validator("rescheduling_policies", mode="before")
     @classmethod

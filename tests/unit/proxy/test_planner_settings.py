@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.config import Topology
+from planner.config import PlannerRole, Topology
+from planner.config_file import load_config
+from planner.connectors import Environment, kubernetes_settings
+from planner.kubernetes import default_selector
 from proxy.app import create_app
 from proxy.cli import _serve_parser, build_settings
 from proxy.settings import ConfigError, load_settings
@@ -75,10 +78,56 @@ def test_planner_file_read_with_the_standalone_keys(tmp_path: Path) -> None:
         }
     )
     planner = create_app(s).control.state.planner
-    config = planner.loop.config
+    config = planner.config
     assert config.topology is Topology.AGGREGATED and config.adjustment_interval == 7.0
     assert config.max_decode_replicas == 3
-    assert list(planner.connector.settings.gpus) == ["2", "3"]
+    assert list(planner.local.gpus) == ["2", "3"]
+    assert planner.environment is Environment.LOCAL
+    assert planner.status() == {"running": False, "environment": "local"}
+
+
+def test_kubernetes_settings_reach_the_connector_options(tmp_path: Path) -> None:
+    s = load_settings(
+        {
+            "planner_enabled": True,
+            "planner_environment": "kubernetes",
+            "planner_namespace": "llm",
+            "planner_served_model_name": "m",
+            "planner_prefill_target": "deployment/pre",
+            "planner_decode_target": "statefulset/dec",
+            "planner_decode_selector": "app=dec",
+            "planner_engine_port": 8080,
+            "planner_register": "false",
+            "planner_state_file": tmp_path / "state.json",
+        }
+    )
+    k = create_app(s).control.state.planner.kubernetes
+    assert (k.namespace, k.engine_port, k.register) == ("llm", 8080, False)
+    assert dict(k.targets) == {
+        PlannerRole.PREFILL: "deployment/pre",
+        PlannerRole.DECODE: "statefulset/dec",
+    }
+    assert dict(k.selectors) == {PlannerRole.DECODE: "app=dec"}
+    settings = kubernetes_settings(k, load_config(None))
+    assert settings.roles[PlannerRole.PREFILL].selector == default_selector(
+        "m", PlannerRole.PREFILL
+    )
+
+
+def test_kubernetes_without_a_target_stops_start_up_naming_the_setting(tmp_path: Path) -> None:
+    s = load_settings(
+        {
+            "planner_enabled": True,
+            "planner_environment": "kubernetes",
+            "planner_served_model_name": "m",
+            "planner_decode_target": "deployment/dec",
+            "planner_state_file": tmp_path / "state.json",
+        }
+    )
+    with pytest.raises(ValueError, match="planner_prefill_target is needed"):
+        create_app(s)
+    with pytest.raises(ConfigError, match="planner_environment"):
+        load_settings({"planner_environment": "cloud"})
 
 
 def test_bad_planner_file_stops_start_up(tmp_path: Path) -> None:
