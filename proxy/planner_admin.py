@@ -83,6 +83,12 @@ class InProcessAdmin:
             raise KeyError(f"no backend {backend_id!r}")
 
 
+def _by_role(prefill: str | None, decode: str | None) -> dict[PlannerRole, str]:
+    """The roles given a value."""
+    pairs = ((PlannerRole.PREFILL, prefill), (PlannerRole.DECODE, decode))
+    return {role: value for role, value in pairs if value}
+
+
 def _setting_names(fault: ValueError) -> str:
     """The fault as it names `fleet-proxy plan`'s flags, with this proxy's setting names."""
     return re.sub(r"--([a-z-]+)", lambda m: "planner_" + m[1].replace("-", "_"), str(fault))
@@ -117,22 +123,8 @@ class ColocatedPlanner:
         self.kubernetes = KubernetesOptions(
             namespace=s.planner_namespace,
             served_model_name=s.planner_served_model_name,
-            targets={
-                role: t
-                for role, t in (
-                    (PlannerRole.PREFILL, s.planner_prefill_target),
-                    (PlannerRole.DECODE, s.planner_decode_target),
-                )
-                if t
-            },
-            selectors={
-                role: sel
-                for role, sel in (
-                    (PlannerRole.PREFILL, s.planner_prefill_selector),
-                    (PlannerRole.DECODE, s.planner_decode_selector),
-                )
-                if sel
-            },
+            targets=_by_role(s.planner_prefill_target, s.planner_decode_target),
+            selectors=_by_role(s.planner_prefill_selector, s.planner_decode_selector),
             engine_port=s.planner_engine_port,
             kubeconfig=s.planner_kubeconfig,
             register=s.planner_register,
