@@ -14,7 +14,14 @@ from proxy.url_policy import is_loopback
 
 
 def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the proxy in front of vLLM backends")
+    from proxy.settings_help import settings_epilog
+
+    p = sub.add_parser(
+        "serve",
+        help="run the proxy in front of vLLM backends",
+        epilog=settings_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 8000)")
     p.add_argument(

@@ -62,3 +62,20 @@ def test_backends_env_that_is_not_json_says_so(
     line = serve_error([], capsys)
     assert line.startswith("fleet-proxy: FLEET_PROXY_BACKENDS must be JSON (e.g. [")
     assert "Expecting value: line 1 column 2" in line
+
+
+def test_serve_help_lists_every_setting_and_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    from policies.registry import policy_names
+    from proxy.settings import Settings
+
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    listed = {
+        line.split()[0] for line in out.split("\nsettings, ")[1].splitlines() if line[:2] == "  "
+    }
+    assert set(Settings.model_fields) <= listed
+    assert "  move_kind " in out and "auto (auto|recompute|handover|precopy)" in out
+    policies_line = next(line for line in out.splitlines() if line.startswith("routing policies"))
+    assert policies_line.split(": ", 1)[1].split(", ") == policy_names()
