@@ -211,6 +211,15 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
     return 0 if server.started else 3
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleet-proxy")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The simulator and benchmark own their flags; hand them the rest of the line untouched.
@@ -230,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fleet-proxy", description="OpenAI-compatible router for vLLM fleets"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _reschedule_parser(sub)

@@ -79,3 +79,12 @@ def test_serve_help_lists_every_setting_and_policy(capsys: pytest.CaptureFixture
     assert "  move_kind " in out and "auto (auto|recompute|handover|precopy)" in out
     policies_line = next(line for line in out.splitlines() if line.startswith("routing policies"))
     assert policies_line.split(": ", 1)[1].split(", ") == policy_names()
+
+
+def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"fleet-proxy {version('fleet-proxy')}\n"
