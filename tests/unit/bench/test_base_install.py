@@ -5,7 +5,6 @@ And a run in which every request failed exits non-zero."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
+from tests.support.processes import free_port
 
 from .conftest import FakeServer
 
@@ -54,14 +54,6 @@ def chat_args(*targets: str, out: Path) -> list[str]:
         *("--system-tokens", "16", "--user-tokens", "8", "--output-tokens", "4"),
         *("--out", str(out), "--no-progress"),
     ]
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on: connecting to it is refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def test_bench_help_needs_no_extra(tmp_path: Path) -> None:
