@@ -22,7 +22,7 @@ from typing import IO
 import orjson
 import pytest
 
-from tests.support.processes import descendants
+from tests.support.processes import alive, descendants, free_port, port_free
 
 LISTENING = re.compile(r"fleet-proxy listening: base_url = http://127\.0\.0\.1:(\d+)/v1")
 
@@ -132,3 +132,29 @@ def test_serve_on_a_taken_port_says_so_without_listening(tmp_path: Path) -> None
         f"fleet-proxy: not serving: could not start on 127.0.0.1:{port} (the error above says why)"
     )
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    proxy_port, sim_port = free_port(), free_port()
+    args = ["demo", "--engines", "1", "--port", str(proxy_port), "--sim-base-port", str(sim_port)]
+    with started(args, tmp_path / "demo.log") as (proc, out):
+        assert int(out.wait_for(LISTENING, timeout=90).group(1)) == proxy_port
+        children = descendants(proc.pid)
+        assert children, "the demo runs its simulator as a child process"
+        assert poll(lambda: models(proxy_port) == ["sim-llama-8b"], timeout=15)
+
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        try:
+            assert poll(lambda: not any(alive(pid) for pid in children), timeout=15), (
+                f"still running: {[pid for pid in children if alive(pid)]}"
+            )
+            assert poll(lambda: port_free(proxy_port) and port_free(sim_port), timeout=15)
+        finally:
+            for pid in children:
+                if alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
