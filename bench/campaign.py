@@ -25,11 +25,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.artifacts import RecordSink, comparison_table, settings_table, write_json
 from bench.backend_metrics import backend_id, fetch_metrics, summarize_snapshots
 from bench.paired import compare_settings
-from bench.plots import cdf_plot
 from bench.records import RequestRecord
 from bench.runner import Replay, RunOptions
 from bench.summary import dig, summarize
 from bench.workload import Workload
+
+# How to install what plots, paired comparisons and ShareGPT need, from a checkout.
+BENCH_EXTRA = "pip install -e '.[bench]'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +237,16 @@ class Campaign:
         }
         write_json(plan.out_dir / "summary.json", summary)
         plots = {}
+        try:
+            from bench.plots import cdf_plot
+        except ImportError:
+            # matplotlib and numpy come with the bench extra; the numbers do not need them.
+            can_plot = False
+        else:
+            can_plot = True
         for key, label in (("ttft_s", "TTFT"), ("e2e_s", "E2E")):
+            if not can_plot:
+                break
             series = {
                 n: [
                     getattr(x, key) * 1000
@@ -256,5 +267,7 @@ class Campaign:
         if self.interrupted:
             report.insert(1, "\n**Interrupted**: partial results.")
         report += [f"![{k}]({v})" for k, v in plots.items()]
+        if not can_plot:
+            report.append(f"No CDF plots: they need matplotlib and numpy ({BENCH_EXTRA}).")
         (plan.out_dir / "report.md").write_text("\n".join(report) + "\n")
         return summary

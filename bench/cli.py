@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fleet-proxy bench",
         description="Replay a workload against OpenAI-compatible targets; write an artifact "
         "bundle (config.json, metrics.jsonl, summary.json, report.md, CDF plots).",
+        epilog="CDF plots, comparing targets and ShareGPT need the bench extra "
+        "(pip install -e '.[bench]'). Exit status: 0 when the runs completed, failed requests "
+        "counted in the report's errors; 1 when every request failed; 2 for bad arguments; "
+        "130 when interrupted.",
     )
     t = p.add_argument_group("targets")
     t.add_argument(
@@ -177,6 +182,35 @@ def parse_router_settings(specs: list[str], names: list[str]) -> dict[str, dict[
     return out
 
 
+def missing_modules(*names: str) -> list[str]:
+    """Those of `names` that cannot be imported here."""
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def check_extras(args: argparse.Namespace, n_targets: int) -> None:
+    """Refuse, before any request, a run that needs a module of the bench extra that is not
+    installed (`pip install -e .` leaves it out); plots are merely skipped without it."""
+    from bench.campaign import BENCH_EXTRA
+
+    needs = []
+    if n_targets > 1:
+        needs.append(("comparing targets", ["scipy"]))
+    if args.workload == "sharegpt":
+        needs.append(("--workload sharegpt", ["ijson"]))
+    for what, modules in needs:
+        missing = missing_modules(*modules)
+        if missing:
+            raise ValueError(
+                f"{what} needs {', '.join(missing)}, from the bench extra: {BENCH_EXTRA}"
+            )
+
+
 def workload_factory(args: argparse.Namespace) -> Callable[[str], Workload]:
     """salt -> workload; every flag fixed, so only the salt differs between runs."""
     from bench import mooncake, sharegpt, synthetic
@@ -240,6 +274,7 @@ def run_main(argv: list[str]) -> int:
         names = [n for n, _ in targets]
         router_settings = parse_router_settings(args.router_setting, names)
         slo = parse_slo(args.slo)
+        check_extras(args, len(targets))
         make = workload_factory(args)
         headers = {}
         for h in args.header:
@@ -334,6 +369,15 @@ def run_main(argv: list[str]) -> int:
         return 130
     print((out / "report.md").read_text())
     print(f"artifacts: {out}")
+    records = [x for r in campaign.results for x in r.records]
+    if records and not any(x.ok for x in records):
+        # Some failures are data (the report counts them); nothing at all answering is not.
+        print(
+            f"fleet-proxy bench: all {len(records)} requests failed, the first with: "
+            f"{records[0].error}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

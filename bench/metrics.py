@@ -8,10 +8,9 @@ two output tokens.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +38,25 @@ def derive(
 PERCENTILES = (50, 90, 99)
 
 
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """The p-th percentile of sorted values by linear interpolation between the closest ranks
+    (numpy's default method, as `vllm bench serve` reports), in plain Python so that a run
+    needs no numpy."""
+    rank = (len(ordered) - 1) * p / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
 def distribution(values: Sequence[float]) -> dict[str, float | None]:
-    """mean, p50, p90, p99 (numpy's linear interpolation, as vllm bench) and the count."""
+    """mean, p50, p90, p99 (linear interpolation, as vllm bench) and the count."""
     if not values:
         return {"n": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    arr = np.asarray(values, dtype=float)
-    out: dict[str, float | None] = {"n": float(arr.size), "mean": float(arr.mean())}
-    for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES), strict=True):
-        out[f"p{p}"] = float(v)
+    ordered = sorted(float(v) for v in values)
+    out: dict[str, float | None] = {
+        "n": float(len(ordered)),
+        "mean": math.fsum(ordered) / len(ordered),
+    }
+    for p in PERCENTILES:
+        out[f"p{p}"] = percentile(ordered, p)
     return out

@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from scipy import stats  # type: ignore[import-untyped]
-
 from bench.summary import dig
 
 NO_DIFFERENCE = "no difference"
@@ -41,6 +39,9 @@ class PairedDiff:
 
 
 def t_quantile(confidence: float, dof: int) -> float:
+    # scipy is the bench extra's; imported here so single-target runs do without it.
+    from scipy import stats  # type: ignore[import-untyped]
+
     return float(stats.t.ppf(0.5 + confidence / 2.0, dof))
 
 

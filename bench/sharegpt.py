@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import IO, Any
 
-import ijson  # type: ignore[import-untyped]
-
 from bench.textgen import CHARS_PER_TOKEN, estimate_tokens
 from bench.workload import Session, Turn, Workload
 
 
 def iter_items(stream: IO[bytes]) -> Iterator[dict[str, Any]]:
     """Complete items of a (possibly truncated) top-level JSON array, in file order."""
+    import ijson  # type: ignore[import-untyped]  # the bench extra's, needed by ShareGPT only
+
     try:
         for item in ijson.items(stream, "item"):
             if isinstance(item, dict):

@@ -58,6 +58,11 @@ class FleetProxyApp:
         await self.control(scope, receive, send)
 
 
+def _no_route(method: str, path: str) -> str:
+    served = ", ".join(["/v1/models", *HOT_ROUTES])
+    return f"fleet-proxy does not serve {method} {path}; its OpenAI-compatible paths: {served}"
+
+
 def _openai_error(status: int, message: str, type_: str) -> Response:
     return Response(
         error_body(message, type_, None, status), status_code=status, media_type="application/json"
@@ -118,11 +123,14 @@ def create_app(
     control = FastAPI(title="fleet-proxy", lifespan=lifespan)
 
     @control.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         if exc.status_code == 401:
             kind = "authentication_error"
-        return _openai_error(exc.status_code, str(exc.detail), kind)
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # no route, not a handler's 404
+            message = _no_route(request.method, request.url.path)
+        return _openai_error(exc.status_code, message, kind)
 
     @control.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> Response:

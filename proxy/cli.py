@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -14,7 +13,14 @@ from proxy.url_policy import is_loopback
 
 
 def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the proxy in front of vLLM backends")
+    from proxy.settings_help import settings_epilog
+
+    p = sub.add_parser(
+        "serve",
+        help="run the proxy in front of vLLM backends",
+        epilog=settings_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 8000)")
     p.add_argument(
@@ -209,11 +215,10 @@ def exposure_warnings(settings: Settings) -> list[str]:
 
 
 def run_serve(settings: Settings, model: str = "<model>") -> int:
-    import uvicorn
 
     from policies.registry import UnknownPolicy
     from proxy.app import create_app
-    from proxy.front_door import fit_open_files, uvicorn_config
+    from proxy.front_door import AnnouncingServer, fit_open_files, uvicorn_config
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -234,13 +239,37 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
         from proxy.workers import run_workers
 
         return run_workers(settings, lambda port: banner(settings, port, model))
-    print(banner(settings, settings.port, model), flush=True)
     fit_open_files(settings.client_max_connections)
-    server = uvicorn.Server(uvicorn_config(app, settings))
-    with contextlib.suppress(KeyboardInterrupt):
+    # The banner only once the port is bound, with the port bound.
+    server = AnnouncingServer(
+        uvicorn_config(app, settings), lambda port: print(banner(settings, port, model), flush=True)
+    )
+    try:
         server.run()
+    except KeyboardInterrupt:
+        pass
+    except SystemExit:
+        # uvicorn's way out when the app or the socket fails at start-up; said below.
+        if server.started:
+            raise
+    if server.started:
+        return 0
+    print(
+        f"fleet-proxy: not serving: could not start on {settings.host}:{settings.port} "
+        "(the error above says why)",
+        file=sys.stderr,
+    )
     # As uvicorn.run: 3 when the app or the socket failed at start-up.
-    return 0 if server.started else 3
+    return 3
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleet-proxy")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fleet-proxy", description="OpenAI-compatible router for vLLM fleets"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _reschedule_parser(sub)

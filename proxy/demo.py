@@ -1,7 +1,7 @@
 """`fleet-proxy demo`: a simulated vLLM fleet plus the proxy, in one command.
 
 The simulator runs as a child process (it gets the machine's other core); the proxy runs in
-this one. Ctrl-C stops both.
+this one. Ctrl-C, SIGTERM or SIGHUP stops both.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from proxy.settings import ConfigError, load_settings
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
+        # As the servers will bind: a port held only by closed connections (TIME_WAIT, as
+        # after the last demo) is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -45,6 +48,10 @@ def wait_healthy(urls: list[str], timeout: float, child: subprocess.Popen[bytes]
         time.sleep(0.1)
     if pending:
         raise RuntimeError(f"simulated engines not healthy after {timeout:.0f}s: {pending}")
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str]) -> int:
@@ -89,6 +96,11 @@ def main(argv: list[str]) -> int:
         "--profile", args.profile,
         "--speed", str(args.speed),
     ]  # fmt: skip
+    # SIGTERM and SIGHUP would end this process where it stands (uvicorn re-raises the
+    # signal once it has shut down), leaving the simulator running on its ports: turned into
+    # SystemExit, they unwind through the `finally` below that ends it.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     child = subprocess.Popen(sim_cmd, stdout=subprocess.DEVNULL)
     try:
         wait_healthy(urls, 60.0, child)
@@ -101,6 +113,8 @@ def main(argv: list[str]) -> int:
     except RuntimeError as e:
         print(f"fleet-proxy demo: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the proxy was up
+        return 130
     finally:
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signal.SIGTERM)

@@ -31,6 +31,7 @@ import http
 import logging
 import math
 import resource
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -446,6 +447,21 @@ def uvicorn_config(app: FleetProxyApp, settings: Settings, **overrides: Any) -> 
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
+
+
+class AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that calls `on_listening(port)` once its socket is bound and the app
+    has started: what is announced then accepts connections, on the port really bound (the
+    one the kernel chose for port 0)."""
+
+    def __init__(self, config: Config, on_listening: Callable[[int], None]) -> None:
+        super().__init__(config)
+        self._on_listening = on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_listening(int(self.servers[0].sockets[0].getsockname()[1]))
 
 
 def fit_open_files(max_connections: int) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -22,10 +23,11 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
+    SettingsError,
 )
 
 from fleet.registry import default_backend_id
@@ -445,8 +447,7 @@ def load_settings(
     overrides: dict[str, Any] | None = None, config_file: Path | None = None
 ) -> Settings:
     """Build Settings; raises ConfigError with one line per bad field."""
-    if config_file is not None and not config_file.is_file():
-        raise ConfigError(f"config file not found: {config_file}")
+    file_values = read_config_file(config_file) if config_file is not None else None
 
     class _FileSettings(Settings):
         @classmethod
@@ -459,8 +460,8 @@ def load_settings(
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
-            if config_file is not None:
-                sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
+            if file_values is not None:
+                sources += (InitSettingsSource(settings_cls, init_kwargs=file_values),)
             return sources
 
     try:
@@ -468,9 +469,52 @@ def load_settings(
         settings.backend_specs()
     except ValidationError as e:
         raise ConfigError(format_errors(e)) from None
+    except SettingsError as e:
+        raise ConfigError(_env_error(e)) from None
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return settings
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The YAML settings file as a mapping; its faults as one line naming file and place."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path}: cannot be read: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file {path}{where}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {path}: want a mapping of setting names to values "
+            f"(port: 8000, backends: [...]), got a {type(data).__name__}"
+        )
+    return data
+
+
+_SOURCE_ERROR = re.compile(r'field "(\w+)" from source "(\w+)"')
+
+
+def _env_error(error: SettingsError) -> str:
+    """A list or mapping setting whose environment variable is not valid JSON, in one line."""
+    found = _SOURCE_ERROR.search(str(error))
+    if found is None or found.group(2) != "EnvSettingsSource":
+        return str(error)
+    name = "FLEET_PROXY_" + found.group(1).upper()
+    example = ' (e.g. ["http://10.0.0.5:8000", "http://10.0.0.6:8000"])'
+    return (
+        f"{name} must be JSON{example if found.group(1) == 'backends' else ''}: "
+        f"{error.__cause__ or error}"
+    )
 
 
 def format_errors(error: ValidationError) -> str:

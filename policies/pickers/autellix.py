@@ -8,7 +8,7 @@
 The program is the `x-program-id` header, else the session id; a large request with neither
 is balanced like a small one. Programs leave the table by `end_program` (admin call), after
 `idle_ttl_s` without a request, or by LRU past `max_programs`. A removed backend's programs
-are reassigned on their next request. Workload is the proxy's in-flight count, so the seed's
+are reassigned on their next request. Workload is the proxy's in-flight count, so Algorithm 2's
 `complete_request` is the proxy's own accounting and needs no hook here.
 """
 

@@ -5,12 +5,13 @@
    AND owner.num_requests <= average num_requests x `overload_factor` (2.0).
 2. Otherwise LMetric with its tie-breakers (uncached tokens, num_requests, rotation).
 
-The seed's open edge case: with cache_ratio = 1.0 on an overloaded owner, gate 2 fails but
-the owner has 0 uncached tokens, so LMetric re-elects it (its P_tokens x BS is 0 when it has
-no pending prefill, and it wins the uncached-tokens tie-breaker). Settled with a hard
+An edge case the gate-then-LMetric rule leaves open: with cache_ratio = 1.0 on an overloaded
+owner, gate 2 fails but the owner has 0 uncached tokens, so LMetric re-elects it (its
+P_tokens x BS is 0 when it has no pending prefill, and it wins the uncached-tokens
+tie-breaker). Settled with a hard
 ceiling: in step 2 a backend whose num_requests exceeds average x `ceiling_factor` is not
 eligible while some backend is under the ceiling. `ceiling_factor: null` turns it off and
-gives the seed's behaviour exactly. num_requests is `Backend.batch_size`.
+gives that rule exactly. num_requests is `Backend.batch_size`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ set -euo pipefail
 BASE_URL=${1:-http://127.0.0.1:8000}
 N=${2:-100}
 C=${3:-8}
-MODEL=${MODEL:-default}
+MODEL=${MODEL:-sim-llama-8b}  # the model `fleet-proxy demo` serves
 PROMPT=${PROMPT:-"Write one sentence about routers."}
 MAX_TOKENS=${MAX_TOKENS:-32}
 MAX_TIME=${MAX_TIME:-120}

@@ -8,7 +8,7 @@
 # chunk with text; `fleet-proxy bench` does the same per request.
 set -euo pipefail
 BASE_URL=${1:-http://127.0.0.1:8000}
-MODEL=${2:-${MODEL:-default}}
+MODEL=${2:-${MODEL:-sim-llama-8b}}  # the model `fleet-proxy demo` serves
 PROMPT=${PROMPT:-"Write one sentence about routers."}
 MAX_TOKENS=${MAX_TOKENS:-64}
 API=${API:-chat}

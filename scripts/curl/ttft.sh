@@ -6,7 +6,7 @@
 # sent before any token; this waits for the first chunk that carries text.
 set -euo pipefail
 BASE_URL=${1:-http://127.0.0.1:8000}
-MODEL=${2:-${MODEL:-default}}
+MODEL=${2:-${MODEL:-sim-llama-8b}}  # the model `fleet-proxy demo` serves
 PROMPT=${PROMPT:-"Write one sentence about routers."}
 MAX_TOKENS=${MAX_TOKENS:-64}
 HERE=$(cd "$(dirname "$0")" && pwd)

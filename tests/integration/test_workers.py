@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import FakeBackend
+from tests.support.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 BANNER = re.compile(rb"base_url = http://127\.0\.0\.1:(\d+)/v1")
@@ -43,15 +44,6 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float = 15.
     async with asyncio.timeout(within):
         while not await predicate():
             await asyncio.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie has finished: its parent has only not reaped it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation with NixlConnector on real engines, direct (REFERENCE §3):
+"""Prefill/decode disaggregation with NixlConnector on real engines, the proxy running both legs:
 the prefill engine computes the prompt's KV, the decode engine pulls it over NIXL and
 generates; greedy output must equal an ordinary run of the same request."""
 

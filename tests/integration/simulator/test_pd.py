@@ -1,4 +1,5 @@
-"""Prefill/decode disaggregation with NixlConnector's two-step protocol (REFERENCE section 3)."""
+"""Prefill/decode disaggregation with NixlConnector's two-step protocol: a 1-token prefill
+request whose answer carries kv_transfer_params, then the decode request that passes them on."""
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families

@@ -1,4 +1,4 @@
-"""Autellix Algorithm 2 (seed 004), one class per test class the seed lists.
+"""Autellix's Algorithm 2 (program-aware load balancing), one test class per aspect of it.
 
 The proxy's accounting is played by hand: a dispatch adds one request in flight to the chosen
 backend and a completion removes it, as proxy/forward.py does.

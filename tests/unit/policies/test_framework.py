@@ -1,4 +1,4 @@
-"""The Filter -> Score -> Pick pipeline of seed 001."""
+"""The Filter -> Score -> Pick pipeline (policies/scheduler.py, policies/profile.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LMetric (seed 002): P_tokens x BS, lowest wins, with deterministic tie-breakers."""
+"""LMetric: P_tokens x BS, lowest wins, with deterministic tie-breakers."""
 
 from __future__ import annotations
 

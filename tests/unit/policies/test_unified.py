@@ -1,4 +1,4 @@
-"""The hybrid "unified" policy (seed 002): affinity gate, else LMetric; plus the hard ceiling."""
+"""The hybrid "unified" policy: affinity gate, else LMetric; plus the hard ceiling."""
 
 from __future__ import annotations
 
@@ -68,15 +68,16 @@ def test_sessions_without_owner_use_lmetric_and_become_owned() -> None:
 @pytest.mark.parametrize(
     ("form", "prompt_blocks", "ceiling", "breaks"),
     [
-        # The seed's test form: the request has at least one uncached block, so the owner's
+        # The usual case: the request has at least one uncached block, so the owner's
         # P_tokens x BS > 0 while idle backends score 0: LMetric leaves the owner, with or
         # without the ceiling.
-        ("one uncached block, seed behaviour", 9, None, True),
+        ("one uncached block, no ceiling", 9, None, True),
         ("one uncached block, with the ceiling", 9, 2.0, True),
         # The open edge case: cache_ratio = 1.0. Without a ceiling the owner's product is 0
-        # and it wins the uncached-tokens tie-breaker: re-elected despite overload (the seed's
-        # behaviour, kept reachable with ceiling_factor null). The hard ceiling settles it.
-        ("fully cached, seed behaviour re-elects the owner", 8, None, False),
+        # and it wins the uncached-tokens tie-breaker: re-elected despite overload
+        # (gate-then-LMetric's behaviour, kept reachable with ceiling_factor null). The hard
+        # ceiling settles it.
+        ("fully cached, no ceiling re-elects the owner", 8, None, False),
         ("fully cached, the hard ceiling breaks affinity", 8, 2.0, True),
     ],
 )

@@ -1,0 +1,160 @@
+"""`fleet-proxy serve` and `fleet-proxy demo` as real processes on real loopback ports: the
+"listening" line only once the port is bound, a port already taken refused in one line, and
+a demo stopped by a signal taking its simulator with it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import orjson
+import pytest
+
+from tests.support.processes import alive, descendants, free_port, port_free
+
+LISTENING = re.compile(r"fleet-proxy listening: base_url = http://127\.0\.0\.1:(\d+)/v1")
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
+
+
+def poll(condition: object, timeout: float) -> bool:
+    """Whether `condition()` became true within `timeout` seconds (checked every 50 ms)."""
+    assert callable(condition)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def models(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+        return [m["id"] for m in orjson.loads(r.read())["data"]]
+
+
+class Lines:
+    """A process's output, line by line, waited for with a bound."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+            if found := pattern.search(line):
+                return found
+        raise AssertionError(f"no line matching {pattern.pattern!r}; output: {self.seen}")
+
+
+@contextlib.contextmanager
+def started(args: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[str], Lines]]:
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=clean_env(),
+        )
+        assert proc.stdout is not None
+        try:
+            yield proc, Lines(proc.stdout)
+        finally:
+            if proc.poll() is None:
+                # A test that failed early: its children too, not only the process.
+                for pid in [*descendants(proc.pid), proc.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_serve_says_listening_once_the_port_accepts(tmp_path: Path) -> None:
+    # Port 0: the line must name the port the kernel chose, which exists only once bound.
+    with started(["serve", "--port", "0"], tmp_path / "serve.log") as (proc, out):
+        port = int(out.wait_for(LISTENING, timeout=60).group(1))
+        assert port != 0
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_serve_on_a_taken_port_says_so_without_listening(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode != 0
+    assert "listening" not in done.stdout
+    assert "address already in use" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"fleet-proxy: not serving: could not start on 127.0.0.1:{port} (the error above says why)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    proxy_port, sim_port = free_port(), free_port()
+    args = ["demo", "--engines", "1", "--port", str(proxy_port), "--sim-base-port", str(sim_port)]
+    with started(args, tmp_path / "demo.log") as (proc, out):
+        assert int(out.wait_for(LISTENING, timeout=90).group(1)) == proxy_port
+        children = descendants(proc.pid)
+        assert children, "the demo runs its simulator as a child process"
+        assert poll(lambda: models(proxy_port) == ["sim-llama-8b"], timeout=15)
+
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        try:
+            assert poll(lambda: not any(alive(pid) for pid in children), timeout=15), (
+                f"still running: {[pid for pid in children if alive(pid)]}"
+            )
+            assert poll(lambda: port_free(proxy_port) and port_free(sim_port), timeout=15)
+        finally:
+            for pid in children:
+                if alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
