@@ -14,5 +14,8 @@ Those are pure: no I/O, no clock. The runtime around them:
 - `planner.drain`: which worker to remove and how to drain it without cutting a request;
 - `planner.local`: `LocalConnector`, workers as local processes;
 - `planner.loop`: `PlannerLoop`, pull, decide, apply;
-- `planner.standalone`: `fleet-proxy plan`.
+- `planner.standalone`: `fleet-proxy plan`;
+- `planner.profile_sla`: `fleet-proxy profile-sla`, which measures engines
+  (`planner.sla_measure`), chooses a configuration per role and suggests thresholds
+  (`planner.sla_choice`, pure), and plots them (`planner.sla_plots`).
 """
