@@ -64,7 +64,10 @@ def plot_decode(
     context = target_context(sla)
     for c, best in zip(configs, rec.decode_points, strict=True):
         grid = DecodeGrid(c.decode.curves, c.decode.kv_tokens)
-        ns = sorted({n for _, curve in c.decode.curves for n, _ in curve})
+        # Counts measured at other contexts that the KV cache cannot hold at this one are left
+        # out: their ITL here would be an extrapolation.
+        fits = grid.max_in_flight(context)
+        ns = sorted({n for _, curve in c.decode.curves for n, _ in curve if n <= fits})
         (line,) = ax.plot(
             ns, [grid.itl(int(n), context) * 1e3 for n in ns], marker="o", label=c.name
         )
