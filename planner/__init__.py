@@ -18,4 +18,7 @@ Those are pure: no I/O, no clock. The runtime around them:
   where (status journal, Prometheus, TensorBoard files);
 - `planner.assemble`, `planner.config_file`: one planner, built alike in both run modes;
 - `planner.status_server`, `planner.standalone`: `fleet-proxy plan` and its `/metrics`.
+- `planner.profile_sla`: `fleet-proxy profile-sla`, which measures engines
+  (`planner.sla_measure`), chooses a configuration per role and suggests thresholds
+  (`planner.sla_choice`, pure), and plots them (`planner.sla_plots`).
 """

@@ -283,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "profile-sla":
+        from planner.profile_sla import main as profile_sla_main
+
+        return profile_sla_main(argv[1:])
     if argv and argv[0] == "demo":
         from proxy.demo import main as demo_main
 
@@ -299,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="a simulated vLLM fleet plus the proxy, in one command")
     sub.add_parser("sim", help="run simulated vLLM engines (see `fleet-proxy sim --help`)")
     sub.add_parser("bench", help="replay a workload against a base_url (`fleet-proxy bench -h`)")
+    sub.add_parser(
+        "profile-sla",
+        help="profile engines for the planner's SLA mode (`fleet-proxy profile-sla -h`)",
+    )
     args = parser.parse_args(argv)
     if args.command == "serve":
         try:
