@@ -89,7 +89,7 @@ class DecodeGrid:
     """Profiled ITL (seconds) over in-flight requests, per context length:
     ((context, ((in_flight, itl), ...)), ...) sorted by context, each curve by in_flight.
     Between profiled contexts ITL is linear in the context; `kv_tokens` is the engine's KV
-    capacity in tokens (None: up to the largest profiled in-flight count)."""
+    capacity in tokens, which bounds the in-flight count besides the largest one profiled."""
 
     curves: tuple[tuple[float, tuple[tuple[float, float], ...]], ...]
     kv_tokens: int | None = None
@@ -99,9 +99,12 @@ class DecodeGrid:
         return interpolate(at_context, context)
 
     def max_in_flight(self, context: float) -> int:
+        """What the KV cache holds at `context`, and never past the largest in-flight count
+        profiled: ITL beyond it would be a straight-line guess, not a measurement."""
+        profiled = int(max(n for _, curve in self.curves for n, _ in curve))
         if self.kv_tokens is not None:
-            return max(1, int(self.kv_tokens // max(context, 1.0)))
-        return int(max(n for _, curve in self.curves for n, _ in curve))
+            return max(1, min(profiled, int(self.kv_tokens // max(context, 1.0))))
+        return profiled
 
 
 @dataclass(frozen=True, slots=True)

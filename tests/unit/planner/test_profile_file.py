@@ -31,7 +31,7 @@ def _file(**over: object) -> dict[str, object]:
                 "name": "tp1",
                 "num_gpu": 1,
                 "prefill": {"points": [[100, 0.05], [1000, 0.3]]},
-                "decode": {"kv_tokens": 10000, "curves": [[500, [[1, 0.01], [8, 0.02]]]]},
+                "decode": {"kv_tokens": 10000, "curves": [[500, [[1, 0.01], [32, 0.02]]]]},
             },
             {
                 "name": "tp2",
@@ -63,7 +63,8 @@ def test_round_trip_and_the_chosen_config_drives_the_arithmetic(tmp_path: Path) 
     assert chosen.decode.max_in_flight(500) == 16  # no KV size: the largest profiled count
     named = load_profile(path, prefill_config="tp2", decode_config="tp1")
     assert named.prefill.ttft(100) == pytest.approx(0.03)
-    assert named.decode.max_in_flight(500) == 20  # 10000 KV tokens / 500
+    assert named.decode.max_in_flight(500) == 20  # 10000 KV tokens / 500, under the 32 profiled
+    assert named.decode.max_in_flight(100) == 32  # the KV holds 100: no guessing past 32
     with pytest.raises(ValueError, match="tp7"):
         load_profile(path, decode_config="tp7")
 
