@@ -442,8 +442,8 @@ def plot(
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="a 60 s day: a smoke run")
-    p.add_argument("--duration", type=float, help="seconds of the day (default 150, quick 60)")
+    p.add_argument("--quick", action="store_true", help="a 40 s day: a smoke run")
+    p.add_argument("--duration", type=float, help="seconds of the day (default 150, quick 40)")
     p.add_argument("--low-rate", type=float, default=0.3, help="night arrivals per second")
     p.add_argument("--peak-rate", type=float, default=3.2, help="peak arrivals per second")
     p.add_argument("--peak-engines", type=int, default=4, help="static provisioning at peak")
@@ -461,7 +461,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "planner_timeline.png")
     args = p.parse_args(argv)
     if args.duration is None:
-        args.duration = 60.0 if args.quick else 150.0
+        args.duration = 40.0 if args.quick else 150.0
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     day = Day(args.duration, args.low_rate, args.peak_rate)
