@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +19,24 @@ from bench.cli import main as bench_main
 cp = importlib.import_module("compare_peers")  # scripts/ is on sys.path (the caller's)
 
 
-def start_sims(args: Any, logs: Path, tag: str, roles: list[str]) -> tuple[list[Any], list[Any]]:
-    """One `fleet-proxy sim` process of 2 engines per entry of `roles` (its engines' role), at
-    `args.speed`, `args.profile`, `args.model`: (procs, [(url, role)])."""
+def start_sims(
+    args: Any,
+    logs: Path,
+    tag: str,
+    roles: list[str],
+    *,
+    engines: int = 2,
+    extra: Sequence[str] = (),
+) -> tuple[list[Any], list[Any]]:
+    """One `fleet-proxy sim` process of `engines` engines per entry of `roles` (its engines'
+    role), at `args.speed`, `args.profile`, `args.model`, with `extra` flags of
+    `fleet-proxy sim`: (procs, [(url, role)])."""
     procs, backends = [], []
     for i, role in enumerate(roles):
         cmd = [
-            sys.executable, "-c", cp.SIM_MAIN, "--engines", "2", "--base-port", "0",
+            sys.executable, "-c", cp.SIM_MAIN, "--engines", str(engines), "--base-port", "0",
             "--speed", str(args.speed), "--profile", args.profile, "--model", args.model,
-            "--role", role,
+            "--role", role, *extra,
         ]  # fmt: skip
         proc = cp.Proc(cmd, logs / f"{tag}-sim{i}.log")
         procs.append(proc)
@@ -36,8 +45,8 @@ def start_sims(args: Any, logs: Path, tag: str, roles: list[str]) -> tuple[list[
             lines = proc.log.read_text().splitlines()
             return [x.strip() for x in lines if x.startswith("http://")]
 
-        cp.wait_until(lambda urls=urls: len(urls()) >= 2, proc, 60, "simulated fleet")
-        backends += [(u, role) for u in urls()[:2]]
+        cp.wait_until(lambda urls=urls: len(urls()) >= engines, proc, 60, "simulated fleet")
+        backends += [(u, role) for u in urls()[:engines]]
     return procs, backends
 
 

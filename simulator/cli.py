@@ -10,7 +10,7 @@ import sys
 from fleet.types import Role
 from simulator.faults import parse_fault_update
 from simulator.fleet import DEFAULT_MODEL, start_fleet
-from simulator.profiles import DEFAULT_PROFILE, available_profiles, load_profile
+from simulator.profiles import DEFAULT_PROFILE, Profile, available_profiles, load_profile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine clock speed relative to real time (default 1)",
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        help="KV cache size in blocks of the profile's block_size, instead of the profile's "
+        "(a small cache fills with a few requests)",
+    )
     f = p.add_argument_group("faults (see docs/simulator.md; also settable at POST /_sim/faults)")
     f.add_argument(
         "--fault-engines",
@@ -103,12 +109,21 @@ def _roles(spec: str, engines: int) -> list[Role]:
     return roles
 
 
+def _profile(args: argparse.Namespace) -> Profile:
+    profile = load_profile(args.profile)
+    if args.num_gpu_blocks is not None:
+        if args.num_gpu_blocks < 1:
+            raise ValueError("--num-gpu-blocks must be at least 1")
+        profile = profile.with_overrides(num_gpu_blocks=args.num_gpu_blocks)
+    return profile
+
+
 async def _serve(args: argparse.Namespace) -> int:
     fleet = await start_fleet(
         args.engines,
         base_port=args.base_port,
         host=args.host,
-        profile=args.profile,
+        profile=_profile(args),
         role=_roles(args.role, args.engines),
         speed=args.speed,
         model=args.model,
@@ -140,7 +155,7 @@ def main(argv: list[str]) -> int:
         print("--engines must be at least 1", file=sys.stderr)
         return 2
     try:
-        load_profile(args.profile)
+        _profile(args)
         _fault_update(args)
         _roles(args.role, args.engines)
     except ValueError as e:

@@ -1,6 +1,6 @@
 import pytest
 
-from simulator.cli import _fault_update, build_parser, main
+from simulator.cli import _fault_update, _profile, build_parser, main
 from simulator.faults import FaultState, parse_fault_update
 from simulator.profiles import available_profiles, load_profile
 
@@ -79,3 +79,12 @@ def test_cli_defaults_and_rejections() -> None:
     assert main(["--fault-error-rate", "3"]) == 2
     assert main(["--engines", "2", "--role", "prefill,decode,decode"]) == 2
     assert main(["--role", "router"]) == 2
+
+
+def test_cli_num_gpu_blocks_overrides_the_profile_kv_cache() -> None:
+    shipped = load_profile("h100-llama-8b")
+    small = _profile(build_parser().parse_args(["--num-gpu-blocks", "64"]))
+    assert small.num_gpu_blocks == 64 and shipped.num_gpu_blocks != 64
+    assert small.with_overrides(num_gpu_blocks=shipped.num_gpu_blocks) == shipped
+    assert _profile(build_parser().parse_args([])) == shipped
+    assert main(["--num-gpu-blocks", "0"]) == 2
