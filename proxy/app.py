@@ -95,17 +95,21 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # First: a Kubernetes client that cannot be configured stops start-up before anything
+        # else has started.
+        stack = contextlib.AsyncExitStack()
+        if discovers:
+            control.state.discovery = await stack.enter_async_context(
+                kubernetes_discovery(core, changes)
+            )
         await core.start()
         sync_task = None
         if sync is not None:
             sync.step()  # before the first request: peers' load and changes made before start
             sync_task = asyncio.create_task(sync.run(), name="peer-sync")
-        stack = contextlib.AsyncExitStack()
         discovery_task = None
-        if discovers:
-            discovery = await stack.enter_async_context(kubernetes_discovery(core, changes))
-            control.state.discovery = discovery
-            discovery_task = asyncio.create_task(discovery.run(), name="discovery")
+        if control.state.discovery is not None:
+            discovery_task = asyncio.create_task(control.state.discovery.run(), name="discovery")
         planner_task = None
         if planner is not None:
             planner_task = asyncio.create_task(planner.run(), name="planner")
