@@ -48,6 +48,8 @@ class ScaleTarget:
 class PodInfo:
     name: str
     namespace: str
+    uid: str = ""  # differs between two pods of the same name (a StatefulSet's recreated pod)
+    node_name: str = ""  # the node it was scheduled on
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     pod_ip: str | None = None
@@ -71,6 +73,8 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
     return PodInfo(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
+        uid=str(meta.get("uid") or ""),
+        node_name=str((obj.get("spec") or {}).get("nodeName") or ""),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
         pod_ip=status.get("podIP") or None,

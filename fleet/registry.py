@@ -53,6 +53,14 @@ class FleetRegistry:
                 listener(backend_id)
         return backend
 
+    def update(self, spec: BackendSpec) -> Backend | None:
+        """Replace the spec of the backend with `spec.id`, keeping its state (load, scrapes,
+        health); models learned from the backend are kept when `spec` names none."""
+        backend = self._backends.get(spec.id)
+        if backend is not None:
+            backend.spec = spec if spec.models else replace(spec, models=backend.spec.models)
+        return backend
+
     def on_removed(self, listener: Callable[[str], None]) -> None:
         self._removed_listeners.append(listener)
 

@@ -33,6 +33,12 @@ class BackendSpec:
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     # Models the backend serves, learned from its /v1/models; empty until learned.
     models: tuple[str, ...] = ()
+    # Where it came from (fleet/discovery.py): `static` (settings), `admin` (the admin API) or
+    # `kubernetes` (pod discovery). A source's reconcile touches only its own backends.
+    source: str = "static"
+    # One incarnation of the server behind the id (a pod's uid): a new one under the same id
+    # is a new backend, never the old one's state updated in place.
+    instance: str = ""
 
 
 @dataclass(frozen=True, slots=True)

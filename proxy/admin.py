@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.discovery import ADMIN
 from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
@@ -64,6 +65,8 @@ def backend_view(
         "node": b.spec.node,
         "unit": b.spec.unit,
         "labels": dict(b.spec.labels),
+        "source": b.spec.source,
+        "instance": b.spec.instance,
         "models": list(b.spec.models),
         "healthy": b.healthy,
         "draining": b.draining,
@@ -187,7 +190,7 @@ def admin_router(
         if refused is not None:
             raise HTTPException(status_code=403, detail=f"backend url refused: {refused}")
         try:
-            b = await fleet_changes.add(config.to_spec())
+            b = await fleet_changes.add(replace(config.to_spec(), source=ADMIN))
         except DuplicateBackend as e:
             raise HTTPException(status_code=409, detail=str(e)) from None
         return view(b)

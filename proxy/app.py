@@ -28,6 +28,7 @@ from fleet.peer_load import PeerLoad
 from proxy.admin import admin_router
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
+from proxy.discovery_loop import kubernetes_discovery
 from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync, SharedChanges, WorkerSeat
@@ -89,14 +90,26 @@ def create_app(
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
     # Settings refuse it with several workers: a drain must see every live request.
     planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
+    # In one process only, its changes shared through the change log (proxy/discovery_loop.py).
+    discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # First: a Kubernetes client that cannot be configured stops start-up before anything
+        # else has started.
+        stack = contextlib.AsyncExitStack()
+        if discovers:
+            control.state.discovery = await stack.enter_async_context(
+                kubernetes_discovery(core, changes)
+            )
         await core.start()
         sync_task = None
         if sync is not None:
             sync.step()  # before the first request: peers' load and changes made before start
             sync_task = asyncio.create_task(sync.run(), name="peer-sync")
+        discovery_task = None
+        if control.state.discovery is not None:
+            discovery_task = asyncio.create_task(control.state.discovery.run(), name="discovery")
         planner_task = None
         if planner is not None:
             planner_task = asyncio.create_task(planner.run(), name="planner")
@@ -106,6 +119,11 @@ def create_app(
         try:
             yield
         finally:
+            if discovery_task is not None:
+                discovery_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await discovery_task
+            await stack.aclose()
             if planner_task is not None and planner is not None:
                 # Its workers stay up: a restarted proxy finds them in the state file.
                 planner_task.cancel()
@@ -166,4 +184,5 @@ def create_app(
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.core = core
     control.state.planner = planner
+    control.state.discovery = None  # the running DiscoveryLoop, once started
     return FleetProxyApp(core, control)

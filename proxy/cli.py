@@ -54,6 +54,13 @@ def _serve_parser(sub: Any) -> None:
         help="scale the fleet's workers with the planner in this process (docs/planner.md)",
     )
     _setting_flags(p, PLANNER_FLAGS)
+    p.add_argument(
+        "--discovery-kubernetes",
+        action="store_const",
+        const=True,
+        help="add and remove backends as Kubernetes pods come and go (docs/deploy.md)",
+    )
+    _setting_flags(p, DISCOVERY_FLAGS)
 
 
 # Every rescheduler setting has a flag of its own name (`--rescheduling-interval-ms 250`);
@@ -106,6 +113,16 @@ PLANNER_FLAGS = (
 )
 
 
+# Pod discovery's settings, each a flag of its own name (`--discovery-namespace llm`).
+DISCOVERY_FLAGS = (
+    "discovery_namespace",
+    "discovery_label_selector",
+    "discovery_port",
+    "discovery_kubeconfig",
+    "discovery_drain_timeout",
+)
+
+
 def _rescheduler_flags(p: Any) -> None:
     _setting_flags(p, RESCHEDULER_FLAGS)
 
@@ -152,7 +169,15 @@ def build_settings(args: argparse.Namespace) -> Settings:
     names = ["host", "port", "backends", "policy", "admin_token", "log_level", "workers"]
     overrides = _overrides(
         args,
-        [*names, "enable_rescheduling", *RESCHEDULER_FLAGS, "planner_enabled", *PLANNER_FLAGS],
+        [
+            *names,
+            "enable_rescheduling",
+            *RESCHEDULER_FLAGS,
+            "planner_enabled",
+            *PLANNER_FLAGS,
+            "discovery_kubernetes",
+            *DISCOVERY_FLAGS,
+        ],
     )
     return load_settings(overrides, args.config)
 

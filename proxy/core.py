@@ -11,6 +11,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from fleet.clock import Clock, SystemClock
+from fleet.discovery import StaticSource, reconcile
 from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
 from fleet.tokens import TokenCounter
@@ -65,7 +66,8 @@ class ProxyCore:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
         self.fleet = FleetRegistry(stale_after=settings.stale_after)
-        for spec in settings.backend_specs():
+        static = StaticSource(settings.backend_specs())
+        for spec in reconcile(static.name, (), static.desired).add:
             self.fleet.add(spec)
         self.policy = make_policy(settings)
         self.policy_on_finish = getattr(self.policy, "on_finish", None)

@@ -1,8 +1,9 @@
 """Keeping the proxy's worker processes in step (`--workers N`, see proxy/workers.py).
 
 Each worker runs one `PeerSync` task. Every `peer_sync_interval` it
-1. applies the fleet changes (admin add / remove / drain / undrain) appended to the shared
-   change log since its last step, in log order, its own included;
+1. applies the fleet changes (admin add / remove / drain / undrain, and discovery's add /
+   update / drain / remove) appended to the shared change log since its last step, in log
+   order, its own included;
 2. publishes its per-backend load into its row of the shared segment;
 3. reads the other workers' rows into `Load.peer_*`.
 
@@ -42,6 +43,10 @@ class FleetChanges(Protocol):
 
     async def set_draining(self, backend_id: str, draining: bool) -> Backend | None: ...
 
+    async def update(self, spec: BackendSpec) -> Backend | None:
+        """Replace the spec of the backend `spec.id` in place (fleet/registry.py `update`)."""
+        ...
+
 
 def add_backend(fleet: FleetRegistry, spec: BackendSpec) -> Backend:
     backend = fleet.add(spec)
@@ -65,10 +70,13 @@ class LocalChanges:
     async def set_draining(self, backend_id: str, draining: bool) -> Backend | None:
         return self.fleet.set_draining(backend_id, draining)
 
+    async def update(self, spec: BackendSpec) -> Backend | None:
+        return self.fleet.update(spec)
 
-def spec_to_change(spec: BackendSpec) -> Change:
+
+def spec_to_change(spec: BackendSpec, op: str = "add") -> Change:
     return {
-        "op": "add",
+        "op": op,
         "spec": {
             "id": spec.id,
             "url": spec.url,
@@ -77,6 +85,8 @@ def spec_to_change(spec: BackendSpec) -> Change:
             "unit": spec.unit,
             "labels": dict(spec.labels),
             "models": list(spec.models),
+            "source": spec.source,
+            "instance": spec.instance,
         },
     }
 
@@ -90,6 +100,8 @@ def spec_from_change(data: Mapping[str, Any]) -> BackendSpec:
         unit=str(data["unit"]),
         labels={str(k): str(v) for k, v in data["labels"].items()},
         models=tuple(str(m) for m in data["models"]),
+        source=str(data["source"]),
+        instance=str(data["instance"]),
     )
 
 
@@ -117,6 +129,8 @@ def apply_change(fleet: FleetRegistry, slots: SlotTable, position: int, change: 
                 slots.slots,
             )
         return "ok"
+    if op == "update":
+        return "missing" if fleet.update(spec_from_change(change["spec"])) is None else "ok"
     backend_id = str(change["id"])
     if op == "remove":
         if fleet.remove(backend_id) is None:
@@ -235,6 +249,11 @@ class SharedChanges:
         if self.sync.submit({"op": "drain", "id": backend_id, "draining": draining}) != "ok":
             return None
         return self.fleet.get(backend_id)
+
+    async def update(self, spec: BackendSpec) -> Backend | None:
+        if self.sync.submit(spec_to_change(spec, "update")) != "ok":
+            return None
+        return self.fleet.get(spec.id)
 
 
 @dataclass(frozen=True, slots=True)

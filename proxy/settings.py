@@ -309,6 +309,23 @@ class Settings(BaseSettings):
     # Register new pods with this proxy; off when pods are discovered by other means.
     planner_register: bool = True
 
+    # --- backends discovered from Kubernetes pods (fleet/pod_backends.py, docs/deploy.md): the
+    # Ready pods behind a label selector, kept by list-then-watch, added and removed as they
+    # come and go; backends from the settings and the admin API are left alone.
+    discovery_kubernetes: bool = False
+    discovery_namespace: str | None = None  # None: the in-cluster namespace, else `default`
+    discovery_label_selector: str = "fleet-proxy.io/model"
+    discovery_port: int = Field(
+        8000, ge=1, le=65535, description="the engine's port unless a pod's annotation says"
+    )
+    discovery_kubeconfig: Path | None = None  # None: in-cluster config, else ~/.kube/config
+    discovery_drain_timeout: float = Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a gone pod's backend waits for its requests before removal",
+    )
+
     @field_validator("rescheduling_policies", mode="before")
     @classmethod
     def _policy_list(cls, v: Any) -> Any:
