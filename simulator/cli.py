@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine clock speed relative to real time (default 1)",
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    p.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on /v1/* as `vllm serve --api-key` does",
+    )
     f = p.add_argument_group("faults (see docs/simulator.md; also settable at POST /_sim/faults)")
     f.add_argument(
         "--fault-engines",
@@ -112,6 +116,7 @@ async def _serve(args: argparse.Namespace) -> int:
         role=_roles(args.role, args.engines),
         speed=args.speed,
         model=args.model,
+        api_key=args.api_key,
     )
     update = _fault_update(args)
     targets = (
