@@ -2,8 +2,9 @@
 moves; policy state.
 
 Protected by the admin token when one is configured (`x-admin-token: <token>`; not
-`Authorization`, which clients send to the backends on the OpenAI endpoints). With no token
-configured it answers loopback clients only. Backends added at run time must pass the URL
+`Authorization`, which carries the client's API key on the OpenAI endpoints). With no token
+configured it answers loopback clients only, and nobody when the proxy listens beyond
+loopback. Backends added at run time must pass the URL
 policy (proxy/url_policy.py).
 
 With several worker processes a change (add, remove, drain, undrain) reaches every worker
@@ -32,7 +33,7 @@ from proxy.errors import ErrorBody
 from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
 from proxy.settings import BackendConfig
-from proxy.url_policy import UrlPolicy, is_loopback, refuse_reason
+from proxy.url_policy import UrlPolicy, is_loopback, listens_on_loopback, refuse_reason
 from rescheduler.observe import cluster_view
 from rescheduler.wire import view_to_json
 
@@ -154,8 +155,20 @@ def admin_router(
         settings.backend_url_allow_link_local,
     )
 
+    # Listening beyond loopback, the API is exposed whoever connects: a client address may be
+    # loopback yet stand for anyone (a sidecar or reverse proxy on this host), so with no
+    # token the listener's bind address decides, and an exposed one refuses everybody.
+    exposed = not listens_on_loopback(settings.host)
+    exposed_refusal = (
+        f"the admin API is off: this proxy listens on {settings.host} and no admin_token is "
+        "set; set one (admin_token in the config file, FLEET_PROXY_ADMIN_TOKEN, or "
+        "--admin-token) and send it as x-admin-token"
+    )
+
     def check_token(request: Request, x_admin_token: str | None = Header(default=None)) -> None:
         if token is None:
+            if exposed:
+                raise HTTPException(status_code=403, detail=exposed_refusal)
             client = request.client
             if client is None or not is_loopback(client.host):
                 raise HTTPException(

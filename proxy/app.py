@@ -21,10 +21,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from fleet.change_log import ChangeLog
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
+from proxy.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
 from proxy.admin import admin_router
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
@@ -39,24 +41,47 @@ log = logging.getLogger("fleet_proxy")
 
 
 class FleetProxyApp:
-    """ASGI entry point: hot OpenAI POSTs to the Forwarder, everything else to FastAPI."""
+    """ASGI entry point: hot OpenAI POSTs to the Forwarder, everything else to FastAPI.
 
-    def __init__(self, core: ProxyCore, control: FastAPI) -> None:
+    With client keys (`keys`) both sides check them; without, neither does any extra work.
+    `asgi` is what the server runs: this app, or this app behind CORS when origins are set."""
+
+    def __init__(self, core: ProxyCore, control: FastAPI, keys: KeyCheck | None = None) -> None:
         self.core = core
         self.control = control
-        self.forwarder = Forwarder(core)
+        self._control: AsgiApp = control
+        self._wrong_method: AsgiApp = _wrong_method
+        if keys is None:
+            self.forwarder = Forwarder(core)
+        else:
+            self.forwarder = KeyedForwarder(core, keys)
+            self._control = ControlPlaneKeys(control, keys)
+            self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
+        self.asgi: AsgiApp = self
+        s = core.settings
+        if s.cors_allow_origins:
+            # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
+            self.asgi = CORSMiddleware(
+                self,
+                allow_origins=s.cors_allow_origins,
+                allow_methods=s.cors_allow_methods,
+                allow_headers=s.cors_allow_headers,
+                allow_credentials=s.cors_allow_credentials,
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in HOT_ROUTES:
             if scope["method"] == "POST":
                 await self.forwarder(scope, receive, send)
             else:
-                error = ProxyError(
-                    405, f"{scope['path']} takes POST", code=405, headers=[(b"allow", b"POST")]
-                )
-                await send_error(send, error, "")
+                await self._wrong_method(scope, receive, send)
             return
-        await self.control(scope, receive, send)
+        await self._control(scope, receive, send)
+
+
+async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:
+    error = ProxyError(405, f"{scope['path']} takes POST", code=405, headers=[(b"allow", b"POST")])
+    await send_error(send, error, "")
 
 
 def _no_route(method: str, path: str) -> str:
@@ -75,6 +100,8 @@ def create_app(
 ) -> FleetProxyApp:
     """`seat` makes this app one of several worker processes (proxy/workers.py): it shares
     its load and the admin API's fleet changes with the others."""
+    # Read here, at start-up: a missing or empty keys file stops the proxy (ValueError).
+    keys = client_keys((k.get_secret_value() for k in settings.api_keys), settings.api_keys_file)
     core = ProxyCore(settings, clock)
     sync: PeerSync | None = None
     if seat is not None:
@@ -99,9 +126,14 @@ def create_app(
         # else has started.
         stack = contextlib.AsyncExitStack()
         if discovers:
-            control.state.discovery = await stack.enter_async_context(
-                kubernetes_discovery(core, changes)
-            )
+            try:
+                control.state.discovery = await stack.enter_async_context(
+                    kubernetes_discovery(core, changes)
+                )
+            except BaseException:
+                if sync is not None:
+                    sync.close()  # the shared segment's view, which nothing else will close
+                raise
         await core.start()
         sync_task = None
         if sync is not None:
@@ -185,4 +217,4 @@ def create_app(
     control.state.core = core
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
-    return FleetProxyApp(core, control)
+    return FleetProxyApp(core, control, keys)

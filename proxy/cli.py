@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.settings import ConfigError, Settings, load_settings
-from proxy.url_policy import is_loopback
+from proxy.url_policy import listens_on_loopback
 
 
 def _serve_parser(sub: Any) -> None:
@@ -33,6 +33,11 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--policy", help="routing policy name (default least_requests)")
     p.add_argument("--config", type=Path, help="YAML settings file")
     p.add_argument("--admin-token", help="protect the /admin API with this token")
+    p.add_argument(
+        "--api-keys-file",
+        type=Path,
+        help="require a client key from this file (one per line) on the OpenAI endpoints",
+    )
     p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument(
         "--workers",
@@ -166,7 +171,10 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def build_settings(args: argparse.Namespace) -> Settings:
-    names = ["host", "port", "backends", "policy", "admin_token", "log_level", "workers"]
+    names = [
+        "host", "port", "backends", "policy", "admin_token", "api_keys_file", "log_level",
+        "workers",
+    ]  # fmt: skip
     overrides = _overrides(
         args,
         [
@@ -217,14 +225,19 @@ def banner(settings: Settings, port: int, model: str = "<model>") -> str:
 
 def exposure_warnings(settings: Settings) -> list[str]:
     """What an operator listening beyond loopback should know at start-up."""
-    if is_loopback(settings.host) or settings.host == "localhost":
+    if listens_on_loopback(settings.host):
         return []
     out: list[str] = []
     if settings.admin_token is None:
         out.append(
-            f"listening on {settings.host} with no admin_token: the admin API answers only "
-            "loopback clients; set admin_token (FLEET_PROXY_ADMIN_TOKEN) to manage the fleet "
-            "from elsewhere"
+            f"listening on {settings.host} with no admin_token: the admin API is off (403 to "
+            "every client); set admin_token (FLEET_PROXY_ADMIN_TOKEN or --admin-token) to "
+            "manage the fleet"
+        )
+    if not settings.api_keys and settings.api_keys_file is None:
+        out.append(
+            f"listening on {settings.host} with no api_keys: anyone who reaches this port can "
+            "use the backends; set api_keys or api_keys_file to require a client key"
         )
     if settings.debug_receipts:
         out.append(

@@ -61,6 +61,12 @@ def build_rescheduler(core: ProxyCore) -> ReschedulerLoop:
     )
 
 
+def backend_authorization(settings: Settings) -> str | None:
+    """The Authorization value every backend call carries (`backend_api_key`), if any."""
+    key = settings.backend_api_key
+    return None if key is None else f"Bearer {key.get_secret_value()}"
+
+
 class ProxyCore:
     def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.settings = settings
@@ -94,13 +100,19 @@ class ProxyCore:
         s = self.settings
         # Forwarding uses its own lean client (proxy/upstream.py), never httpx: per request it
         # costs a fraction of any general-purpose client (docs/performance.md).
+        # The backends' key goes on every call to them: forwarded requests, prefill and KV
+        # legs and moves (the pool), scrapes, health checks, /v1/models, /tokenize (httpx).
+        auth = backend_authorization(s)
         self.upstream = UpstreamPool(
             connect_timeout=s.connect_timeout,
             read_timeout=s.read_timeout,
             max_idle_per_origin=s.max_connections,
+            fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
         )
         self.control = httpx.AsyncClient(
-            timeout=s.scrape_timeout, limits=httpx.Limits(max_connections=256)
+            timeout=s.scrape_timeout,
+            limits=httpx.Limits(max_connections=256),
+            headers={"authorization": auth} if auth else None,
         )
         self.tokens = TokenCounter(
             s.token_counter,

@@ -56,6 +56,9 @@ _DROP_REQUEST_HEADERS = frozenset(
         b"expect",
     }
 )
+# The client's credentials for this proxy: kept off the backends unless
+# forward_client_authorization says otherwise (a backend_api_key is sent in their place).
+_CLIENT_CREDENTIALS = frozenset({b"authorization"})
 # Fields that take one value. A client's repeated one reaches backends once, as the proxy read
 # it (the last): some servers refuse a request that repeats them.
 _SINGLE_VALUED_REQUEST_HEADERS = frozenset(
@@ -106,6 +109,9 @@ class Forwarder:
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
         self._debug = core.settings.debug_receipts
+        self._drop = _DROP_REQUEST_HEADERS
+        if not core.settings.forward_client_authorization:
+            self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, generates = HOT_ROUTES[scope["path"]]
@@ -113,12 +119,13 @@ class Forwarder:
         # One pass over the headers: all of them for routing, the end-to-end ones for upstream.
         headers: dict[str, str] = {}
         upstream: list[tuple[bytes, bytes]] = []  # as the client sent them, in order
+        drop = self._drop
         for k, v in scope["headers"]:
             name = k.decode("latin-1")
             if name in headers and k in _SINGLE_VALUED_REQUEST_HEADERS:
                 upstream = [h for h in upstream if h[0] != k]
             headers[name] = v.decode("latin-1")
-            if k not in _DROP_REQUEST_HEADERS:
+            if k not in drop:
                 upstream.append((k, v))
         named = headers.get("connection")
         if named is not None:

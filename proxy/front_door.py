@@ -446,7 +446,7 @@ def uvicorn_config(app: FleetProxyApp, settings: Settings, **overrides: Any) -> 
         "server_header": False,
     }
     options.update(overrides)
-    return uvicorn.Config(app, **options)
+    return uvicorn.Config(app.asgi, **options)
 
 
 class AnnouncingServer(uvicorn.Server):

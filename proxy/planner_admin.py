@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from fleet.discovery import ADMIN
 from fleet.types import BackendSpec, Role
 from planner.admin import BackendStatus, LiveRequest
 from planner.assemble import Planner, build_planner, local_settings, observers
@@ -60,7 +61,8 @@ class InProcessAdmin:
         ]
 
     async def add_backend(self, backend_id: str, url: str, role: Role) -> None:
-        await self.changes.add(BackendSpec(id=backend_id, url=url, role=role))
+        # Tagged as the admin API's own adds: discovery's reconciling leaves them alone.
+        await self.changes.add(BackendSpec(id=backend_id, url=url, role=role, source=ADMIN))
 
     async def drain(self, backend_id: str) -> None:
         await self._set_draining(backend_id, True)

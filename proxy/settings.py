@@ -5,6 +5,7 @@ An invalid value stops start-up with a message naming the field (see `format_err
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -45,6 +46,12 @@ from rescheduler.config import (
 )
 
 _BACKEND_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def check_api_key(key: str) -> None:
+    """A key goes into a header value, and must survive being copied from a file or a shell."""
+    if not key or any(not ("\x21" <= c <= "\x7e") for c in key):
+        raise ValueError("an API key must be 1 or more printable ASCII characters, no spaces")
 
 
 class BackendConfig(BaseModel):
@@ -108,6 +115,25 @@ class Settings(BaseSettings):
     # The YAML form of routing (plugins and profiles); overrides `policy` when given.
     routing: dict[str, Any] | None = None
     admin_token: SecretStr | None = None
+    # --- client access control (proxy/access.py, README.md "Access control")
+    # Keys clients must send as `Authorization: Bearer <key>` on the OpenAI endpoints; with
+    # none here and no api_keys_file, those endpoints are open. A comma list or a YAML list.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    # One key per line, `#` comments; read at start-up, added to api_keys.
+    api_keys_file: Path | None = None
+    # Pass the client's Authorization header on to the backends (off: it stays on the
+    # client's hop, since it is the client's key to this proxy).
+    forward_client_authorization: bool = False
+    # For backends started with `vllm serve --api-key`: sent as `Authorization: Bearer` on
+    # every request to a backend, forwarded and control-plane alike.
+    backend_api_key: SecretStr | None = None
+    # CORS for browser clients (Starlette's CORSMiddleware); off while no origin is listed.
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    cors_allow_headers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["*"])
+    cors_allow_methods: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["GET", "POST"]
+    )
+    cors_allow_credentials: bool = False
 
     scrape_interval: float = Field(0.2, gt=0)
     health_interval: float = Field(1.0, gt=0)
@@ -326,6 +352,45 @@ class Settings(BaseSettings):
         description="seconds a gone pod's backend waits for its requests before removal",
     )
 
+    @field_validator(
+        "api_keys", "cors_allow_origins", "cors_allow_headers", "cors_allow_methods", mode="before"
+    )
+    @classmethod
+    def _json_or_comma_list(cls, v: Any) -> Any:
+        # The environment gives a string: a JSON list, or names separated by commas.
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"not a JSON list: {e}") from None
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+        for key in v:
+            check_api_key(key.get_secret_value())
+        return v
+
+    @field_validator("backend_api_key")
+    @classmethod
+    def _usable_backend_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            check_api_key(v.get_secret_value())
+        return v
+
+    @model_validator(mode="after")
+    def _one_authorization_upstream(self) -> Settings:
+        if self.forward_client_authorization and self.backend_api_key is not None:
+            raise ValueError(
+                "forward_client_authorization and backend_api_key are both set: the backend key "
+                "replaces the client's Authorization header; set one of them"
+            )
+        return self
+
     @field_validator("rescheduling_policies", mode="before")
     @classmethod
     def _policy_list(cls, v: Any) -> Any:
@@ -534,9 +599,18 @@ def _env_error(error: SettingsError) -> str:
     )
 
 
+# Their values never go into an error message: it is printed and logged.
+_SECRET_FIELDS = frozenset({"admin_token", "api_keys", "backend_api_key"})
+
+
 def format_errors(error: ValidationError) -> str:
     lines = ["invalid settings:"]
     for err in error.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(settings)"
-        lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
+        loc = err["loc"]
+        field = ".".join(str(p) for p in loc) or "(settings)"
+        # A whole-model check's input is every setting given, secrets included.
+        if not loc or loc[0] in _SECRET_FIELDS:
+            lines.append(f"  {field}: {err['msg']}")
+        else:
+            lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)

@@ -66,7 +66,8 @@ class UpstreamError(Exception):
 
 
 class _Origin:
-    """One backend's address and its idle keep-alive connections (LIFO)."""
+    """One backend's address and its idle keep-alive connections (LIFO). `host_header`: the
+    Host value, followed by the pool's fixed header lines."""
 
     __slots__ = ("host", "host_header", "idle", "name", "port", "tls")
 
@@ -513,12 +514,16 @@ class UpstreamPool:
         read_timeout: float,
         max_idle_per_origin: int = 256,
         ssl_context: ssl.SSLContext | None = None,
+        fixed_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
+        """`fixed_headers` go on every request to every origin (a backend API key): encoded
+        once per origin, after Host, so they cost nothing per request."""
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle_per_origin = max_idle_per_origin
         # For https:// backends; built on first use (loading the CA store costs milliseconds).
         self._ssl_context = ssl_context
+        self._fixed_head = b"".join(b"\r\n" + n + b": " + v for n, v in fixed_headers)
         self._origins: dict[str, _Origin] = {}
         self._conns: set[_Connection] = set()  # every open connection, idle or busy
         self._closed = False
@@ -545,6 +550,7 @@ class UpstreamPool:
         o = self._origins.get(origin)
         if o is None:
             o = self._origins[origin] = _parse_origin(origin)
+            o.host_header += self._fixed_head
         data = _encode(method, path, o.host_header, headers, body)
         head_only = method == b"HEAD"
         idle = o.idle

@@ -107,6 +107,12 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
+def listens_on_loopback(host: str) -> bool:
+    """Whether a listen address (the `host` setting) is reachable from this machine only. A
+    host name other than `localhost` may resolve anywhere: it counts as exposed."""
+    return host == "localhost" or is_loopback(host)
+
+
 def _as_address(host: str) -> IPAddress | None:
     try:
         return ipaddress.ip_address(host)

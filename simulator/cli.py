@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache size in blocks of the profile's block_size, instead of the profile's "
         "(a small cache fills with a few requests)",
     )
+    p.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on /v1/* as `vllm serve --api-key` does",
+    )
     f = p.add_argument_group("faults (see docs/simulator.md; also settable at POST /_sim/faults)")
     f.add_argument(
         "--fault-engines",
@@ -127,6 +131,7 @@ async def _serve(args: argparse.Namespace) -> int:
         role=_roles(args.role, args.engines),
         speed=args.speed,
         model=args.model,
+        api_key=args.api_key,
     )
     update = _fault_update(args)
     targets = (

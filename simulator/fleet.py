@@ -62,11 +62,13 @@ async def start_fleet(
     model: str = DEFAULT_MODEL,
     time: SimTime | None = None,
     tokenizer: Tokenizer | None = None,
+    api_key: str | None = None,
 ) -> SimFleet:
     """Start `engines` engines on ports base_port, base_port+1, ... (0: ephemeral ports).
 
     `role` is one role for all engines or one per engine; every engine can act on both sides
-    of a P/D transfer (kv_both), the role is what the fleet reports for routing.
+    of a P/D transfer (kv_both), the role is what the fleet reports for routing. `api_key`:
+    each engine requires it on /v1/*, as `vllm serve --api-key` does.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     roles = [Role(role)] * engines if isinstance(role, str | Role) else [Role(r) for r in role]
@@ -85,7 +87,7 @@ async def start_fleet(
                 model_name=model,
                 engine_id=f"sim-{i}-{port or 'auto'}",
             )
-            server = EngineServer(engine, host, port, roles[i])
+            server = EngineServer(engine, host, port, roles[i], api_key)
             await server.start()
             engine.engine_id = f"sim-{host}:{server.port}"
             started.append(server)

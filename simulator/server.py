@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -51,8 +52,18 @@ class _StreamCut(Exception):
 class EngineServer:
     """One engine on its own port. `crash()` and `recover()` emulate a dying process."""
 
-    def __init__(self, engine: Engine, host: str, port: int, role: Role = Role.BOTH) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        host: str,
+        port: int,
+        role: Role = Role.BOTH,
+        api_key: str | None = None,
+    ) -> None:
         self.engine = engine
+        # As `vllm serve --api-key`: /v1/* needs `Authorization: Bearer <key>`, other paths
+        # (/health, /metrics, /tokenize...) stay open.
+        self.api_key = api_key
         self.host = host
         self.port = port
         self.role = role
@@ -73,7 +84,10 @@ class EngineServer:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._hang_middleware], client_max_size=64 << 20)
+        middlewares = [self._hang_middleware]
+        if self.api_key is not None:
+            middlewares.insert(0, self._key_middleware)
+        app = web.Application(middlewares=middlewares, client_max_size=64 << 20)
         r = app.router
         r.add_get("/health", self._health)
         r.add_get("/ping", self._health)
@@ -165,6 +179,16 @@ class EngineServer:
     async def _hang_middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         if not request.path.startswith("/_sim/"):
             await self.engine.faults.unhung.wait()
+        return await handler(request)
+
+    @web.middleware
+    async def _key_middleware(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and request.path.startswith("/v1"):
+            scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                key.encode(), (self.api_key or "").encode()
+            ):
+                return _json({"error": "Unauthorized"}, status=401)  # vLLM's own answer
         return await handler(request)
 
     # ---- plain endpoints ----------------------------------------------------------------------

@@ -111,11 +111,19 @@ def process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def wrk(
-    url: str, concurrency: int, duration: float, stream: bool, lua_dir: Path
+    url: str,
+    concurrency: int,
+    duration: float,
+    stream: bool,
+    lua_dir: Path,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, float]:
     script = lua_dir / ("stream.lua" if stream else "plain.lua")
     if not script.exists():
-        script.write_text(LUA % (',"stream":true' if stream else ""))
+        lua = LUA % (',"stream":true' if stream else "")
+        for name, value in (headers or {}).items():
+            lua += f'wrk.headers["{name}"] = "{value}"\n'
+        script.write_text(lua)
     out = subprocess.run(
         [
             "wrk",
@@ -162,8 +170,23 @@ def main() -> int:
         default=None,
         help="with --workers > 1: one shared listening socket or SO_REUSEPORT sockets",
     )
+    p.add_argument(
+        "--api-key",
+        help="start fleet-proxy with this client key (api_keys) and send it on every request",
+    )
+    p.add_argument(
+        "--cors-origin",
+        help="start fleet-proxy with CORS for this origin and send it as Origin on every request",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    headers: dict[str, str] = {}
+    if args.api_key:
+        os.environ["FLEET_PROXY_API_KEYS"] = args.api_key
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    if args.cors_origin:
+        os.environ["FLEET_PROXY_CORS_ALLOW_ORIGINS"] = args.cors_origin
+        headers["Origin"] = args.cors_origin
     if shutil.which("wrk") is None:
         print("wrk not found: apt-get install wrk", file=sys.stderr)
         return 2
@@ -247,7 +270,7 @@ def main() -> int:
                     split = name == "fleet-proxy" and args.workers > 1
                     dispatched = worker_dispatched(base) if split else []
                     before = cpu_seconds(pid) if pid else 0.0
-                    r = wrk(base + "/v1/completions", c, args.duration, stream, lua_dir)
+                    r = wrk(base + "/v1/completions", c, args.duration, stream, lua_dir, headers)
                     cpu = (cpu_seconds(pid) - before) if pid else 0.0
                     row = {
                         "target": name,
@@ -262,7 +285,7 @@ def main() -> int:
                     runs.append(row)
                     print(_line(row), flush=True)
         for name, base, _pid in targets[:2]:
-            r = wrk(base + "/v1/completions", 1, args.duration / 2, False, lua_dir)
+            r = wrk(base + "/v1/completions", 1, args.duration / 2, False, lua_dir, headers)
             row = {"target": name, "stream": False, "concurrency": 1, **r, "cpu_us_per_req": None}
             runs.append(row)
             print(_line(row), flush=True)

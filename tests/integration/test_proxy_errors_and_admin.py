@@ -182,7 +182,7 @@ async def test_admin_lists_adds_drains_and_removes_backends(backend):
         settings = fast_settings([backend.url], admin_token="s3cret")
         async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
             assert (await c.get("/admin/backends")).status_code == 401
-            # Authorization goes to the backends on /v1: it never carries the admin token.
+            # Authorization carries client API keys on /v1: it never carries the admin token.
             bearer = {"authorization": "Bearer s3cret"}
             assert (await c.get("/admin/backends", headers=bearer)).status_code == 401
             auth = {"x-admin-token": "s3cret"}

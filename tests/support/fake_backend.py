@@ -44,10 +44,14 @@ class FakeBackend:
     metrics_status: int = 200
     url: str = ""
     prefix: str = ""  # serve under this path (a backend behind a path-routing gateway)
+    # As `vllm serve --api-key`: /v1/* answers 401 without `Authorization: Bearer <key>`.
+    api_key: str | None = None
+    # (path, Authorization or None) of every request received, control plane included.
+    authorizations: list[tuple[str, str | None]] = field(default_factory=list)
     _runner: web.AppRunner | None = None
 
     async def start(self) -> str:
-        app = web.Application()
+        app = web.Application(middlewares=[self._check_key])
         self._routes(app)
         if self.prefix:
             root = web.Application()
@@ -62,6 +66,20 @@ class FakeBackend:
         port = sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}{self.prefix}"
         return self.url
+
+    @web.middleware
+    async def _check_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization")
+        self.authorizations.append((request.path, authorization))
+        refused = authorization != f"Bearer {self.api_key}"
+        if self.api_key is not None and request.path.startswith("/v1") and refused:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def paths_with(self, authorization: str | None) -> set[str]:
+        """The paths requested with this Authorization value (None: without one)."""
+        return {path for path, a in self.authorizations if a == authorization}
 
     def _routes(self, app: web.Application) -> None:
         app.router.add_get("/health", self._health)

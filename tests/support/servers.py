@@ -1,4 +1,4 @@
-"""Run the real proxy under uvicorn on an ephemeral loopback port inside the test's loop."""
+"""Run the real proxy under uvicorn on an ephemeral port inside the test's loop."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ async def running_proxy(
     settings: Settings, *, wait_ready: bool = True
 ) -> AsyncIterator[tuple[str, FleetProxyApp]]:
     app = create_app(settings)
-    # The serving configuration of `fleet-proxy serve`, on a free port in the test's loop.
-    config = uvicorn_config(
-        app, settings, host="127.0.0.1", port=0, loop="none", log_level="warning", lifespan="on"
-    )
+    # The serving configuration of `fleet-proxy serve`, on a free port in the test's loop, on
+    # the settings' listen address (127.0.0.1 unless a test asks for another); the tests
+    # connect through 127.0.0.1 either way.
+    config = uvicorn_config(app, settings, port=0, loop="none", log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:

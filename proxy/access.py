@@ -1,0 +1,153 @@
+"""Client access control: API keys on the OpenAI endpoints, the backends' own key, and CORS.
+
+Client keys are checked as vLLM's `--api-key` checks them: the `Authorization: Bearer <key>`
+value is hashed with SHA-256 and compared, in constant time, with the digest of every accepted
+key (all of them, so the time taken says nothing about which key nearly matched, nor about a
+key's length). The digests are computed once, at start-up.
+
+The hot path pays for this only when keys are configured: `create_app` then serves the OpenAI
+endpoints with `KeyedForwarder` and wraps the control plane in `ControlPlaneKeys`; with no keys
+the plain `Forwarder` and the FastAPI app serve as before, with no check at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from proxy.asgi import Receive, Scope, Send, send_error
+from proxy.core import ProxyCore
+from proxy.errors import ProxyError
+from proxy.forward import HOT_ROUTES, Forwarder
+from proxy.settings import check_api_key
+
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class KeyCheck(Protocol):
+    """What the OpenAI endpoints ask of the configured client keys."""
+
+    def allows(self, authorization: str | None) -> bool: ...
+
+    def refusal(self, authorization: str | None) -> ProxyError: ...
+
+
+def read_keys_file(path: Path) -> list[str]:
+    """One key per line; blank lines and `#` comments are skipped. A missing, unreadable or
+    keyless file raises ValueError naming it: a proxy meant to be closed must not start open."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"api_keys_file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"api_keys_file {path}: cannot be read: {e}") from None
+    keys: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        key = line.split("#", 1)[0].strip()
+        if not key:
+            continue
+        try:
+            check_api_key(key)
+        except ValueError as e:
+            raise ValueError(f"api_keys_file {path}, line {number}: {e}") from None
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"api_keys_file {path} holds no key (one key per line, # comments)")
+    return keys
+
+
+class ClientKeys:
+    """The accepted client keys, as SHA-256 digests."""
+
+    __slots__ = ("_digests", "_missing", "_wrong")
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = tuple(hashlib.sha256(k.encode("utf-8")).digest() for k in keys)
+        if not self._digests:
+            raise ValueError("ClientKeys needs at least one key")
+        # Built once: a refused request costs no more than an accepted one.
+        self._missing = _unauthorized(
+            "no API key: send it as `Authorization: Bearer <key>` (the OpenAI SDKs' api_key)"
+        )
+        self._wrong = _unauthorized("incorrect API key provided")
+
+    def allows(self, authorization: str | None) -> bool:
+        """`authorization`: the request's header value, as the server decoded it (latin-1)."""
+        if authorization is None:
+            return False
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(key.strip().encode("latin-1")).digest()
+        found = False
+        for accepted in self._digests:  # every one of them: no early exit
+            found |= hmac.compare_digest(digest, accepted)
+        return found
+
+    def refusal(self, authorization: str | None) -> ProxyError:
+        return self._missing if authorization is None else self._wrong
+
+
+def _unauthorized(message: str) -> ProxyError:
+    # OpenAI's own answer to a bad key: 401, invalid_request_error, code invalid_api_key.
+    return ProxyError(
+        401,
+        message,
+        type="invalid_request_error",
+        code="invalid_api_key",
+        headers=[(b"www-authenticate", b"Bearer")],
+    )
+
+
+def client_keys(api_keys: Iterable[str], keys_file: Path | None) -> ClientKeys | None:
+    """The keys from the settings and the keys file together; None when neither gives any."""
+    keys = list(api_keys)
+    if keys_file is not None:
+        keys += read_keys_file(keys_file)
+    return ClientKeys(keys) if keys else None
+
+
+class KeyedForwarder(Forwarder):
+    """The OpenAI endpoints' handler when client keys are configured."""
+
+    def __init__(self, core: ProxyCore, keys: KeyCheck) -> None:
+        super().__init__(core)
+        self._keys = keys
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
+        # Checked before the body is read: a client without a key gets nothing buffered.
+        authorization = headers.get("authorization")
+        if not self._keys.allows(authorization):
+            raise self._keys.refusal(authorization)
+        return await super()._read_body(receive, headers)
+
+
+def _needs_key(path: str) -> bool:
+    # The OpenAI-compatible paths; /health, /ready and /metrics stay open for probes and
+    # scrapers, /admin has its own token. scope["path"], never a URL rebuilt from Host.
+    return path.startswith("/v1/") or path == "/v1" or path in HOT_ROUTES
+
+
+class ControlPlaneKeys:
+    """The control plane's app behind the client keys, for its OpenAI paths (`/v1/models`,
+    a wrong method on a generation endpoint, unknown `/v1/...` paths)."""
+
+    def __init__(self, app: AsgiApp, keys: KeyCheck) -> None:
+        self._app = app
+        self._keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A CORS preflight carries no credentials by design: it passes (CORS answers it).
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and _needs_key(scope["path"]):
+            authorization = None
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                    break
+            if not self._keys.allows(authorization):
+                await send_error(send, self._keys.refusal(authorization), "")
+                return
+        await self._app(scope, receive, send)
