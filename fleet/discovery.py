@@ -90,7 +90,9 @@ def reconcile(
     update: list[BackendSpec] = []
     remove: list[str] = []
     conflicts: list[str] = []
-    for backend_id in sorted(desired):
+    # In the source's own order: the settings' list order is the fleet's order (listings,
+    # round-robin, ties), so adds keep it.
+    for backend_id in desired:
         if backend_id in retiring:
             continue
         want = replace(desired[backend_id], source=source)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="engine", help="--url's configuration name (default engine)")
     p.add_argument("--num-gpu", type=_positive(int), default=1, help="--url's GPUs (default 1)")
     p.add_argument(
+        "--api-key",
+        default=os.environ.get("FLEET_PROXY_BACKEND_API_KEY"),
+        help="--url's key, for an engine started with --api-key "
+        "(default: FLEET_PROXY_BACKEND_API_KEY)",
+    )
+    p.add_argument(
         "--sim-speed",
         type=_positive(float),
         default=1.0,
@@ -123,7 +130,7 @@ def _say(line: str) -> None:
 async def _measure(args: argparse.Namespace, plan: Plan) -> list[ConfigProfile]:
     if args.url is not None:
         url = str(args.url).rstrip("/")
-        return [await profile_engine(url, args.name, args.num_gpu, plan, _say)]
+        return [await profile_engine(url, args.name, args.num_gpu, plan, _say, args.api_key)]
     out: list[ConfigProfile] = []
     for profile in args.sim or available_profiles():
         spec = load_profile(profile)

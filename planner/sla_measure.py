@@ -181,12 +181,19 @@ async def decode_itl(
 
 
 async def profile_engine(
-    url: str, name: str, num_gpu: int, plan: Plan, say: Callable[[str], None]
+    url: str,
+    name: str,
+    num_gpu: int,
+    plan: Plan,
+    say: Callable[[str], None],
+    api_key: str | None = None,
 ) -> ConfigProfile:
-    """Prefill TTFT over the ISL sweep and decode ITL over the in-flight grid, on one engine."""
+    """Prefill TTFT over the ISL sweep and decode ITL over the in-flight grid, on one engine;
+    `api_key` for an engine started with `--api-key`."""
     rng = random.Random()  # seeded from the OS: no earlier run's prompt comes back
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as http:
         info = await probe(http, url)
         pool = await token_pool(http, info)
 

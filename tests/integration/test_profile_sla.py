@@ -91,3 +91,38 @@ def test_profiles_the_simulator(tmp_path: Path) -> None:
         assert (plots / name).read_bytes().startswith(PNG_MAGIC)
         height, width, _ = imread(plots / name).shape
         assert height > 100 and width > 100
+
+
+@pytest.mark.slow
+def test_an_engine_started_with_an_api_key(tmp_path: Path) -> None:
+    """As `vllm serve --api-key`: measured with `--api-key`, refused in one line without it."""
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "sim", "--base-port=0", "--api-key=k-123"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert sim.stdout is not None
+        url = sim.stdout.readline().strip()  # printed once it listens
+        assert url.startswith("http://127.0.0.1:"), url
+        cmd = [sys.executable, "-m", "proxy.cli", "profile-sla", *SLA_FLAGS, "--url", url]
+        cmd += ["--isl-factors", "1", "--context-factors", "1", "--max-in-flight", "2"]
+        cmd += ["--repeats", "1", "--decode-tokens", "8", "--request-timeout", "30"]
+        refused = subprocess.run(
+            [*cmd, "--out", str(tmp_path / "no.json")], capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "401" in refused.stderr and not (tmp_path / "no.json").exists()
+        out = tmp_path / "p.json"
+        done = subprocess.run(
+            [*cmd, "--out", str(out), "--api-key", "k-123"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert read_profile_file(out).configs[0].prefill.points[0][0] == 256
+    finally:
+        sim.terminate()
+        sim.wait(timeout=15)

@@ -26,9 +26,10 @@ def want(*specs: BackendSpec) -> Desired:
     return {s.id: s for s in specs}
 
 
-def test_an_empty_registry_gets_every_wanted_backend() -> None:
+def test_an_empty_registry_gets_every_wanted_backend_in_the_sources_order() -> None:
+    # The order a source gives (the settings' list) is the fleet's order: not re-sorted.
     plan = reconcile(KUBERNETES, [], want(spec("b"), spec("a")))
-    assert [s.id for s in plan.add] == ["a", "b"]
+    assert [s.id for s in plan.add] == ["b", "a"]
     assert plan.remove == plan.update == plan.conflicts == ()
 
 
