@@ -227,6 +227,18 @@ async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
             if moving is not None:
                 results.append((await moving).json())
 
+        def plain_tokens(body: dict[str, Any]) -> list[int]:
+            plain_body = {k: v for k, v in body.items() if k != "stream"}
+            tokens: list[int] = completion(first.url, plain_body, f"plain-{uuid.uuid4().hex}")[
+                "choices"
+            ][0]["token_ids"]
+            return tokens
+
+        # A try can end before the move reaches the stream, or the target's NIXL handshake can
+        # time out (vLLM waits 5 s for the source's side channel, which a loaded CPU engine
+        # can miss): the proxy then falls back to recomputing on the target, and that fallback
+        # must be token-exact too. A clean hand-over must happen within the tries.
+        fallbacks: list[dict[str, Any]] = []
         for _ in range(TRIES):
             rng = random.Random(uuid.uuid4().int)
             prompt = [rng.randrange(16, 2000) for _ in range(300)]
@@ -244,20 +256,21 @@ async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
                 got = await read_stream(
                     client, f"{proxy.url}/v1/completions", body, after=8, action=move_it
                 )
-            if results:
+            if not results:
+                continue
+            [result] = results
+            assert result.get("outcome") == "ok", (result, proxy.log_tail())
+            assert not got.errors and got.done == 1
+            assert got.token_ids == plain_tokens(body)
+            if result.get("kind") == "handover":
                 break
+            fallbacks.append(result)
         else:
-            pytest.fail(f"in {TRIES} tries the stream ended before it could be moved")
-        [result] = results
-        assert result.get("outcome") == "ok" and result.get("kind") == "handover", (
-            result,
-            proxy.log_tail(),
-        )
+            pytest.fail(
+                f"in {TRIES} tries no hand-over completed (fallbacks: {fallbacks}); "
+                + proxy.log_tail()
+            )
         target = pd_tier.by_backend_id(result["target"])
         assert engine_metric(target.url, "vllm:nixl_xfer_time_seconds_count") >= 1
-        assert not got.errors and got.done == 1
-        plain_body = {k: v for k, v in body.items() if k != "stream"}
-        plain = completion(first.url, plain_body, f"plain-{uuid.uuid4().hex}")
-        assert got.token_ids == plain["choices"][0]["token_ids"]
     finally:
         proxy.stop()
