@@ -56,7 +56,10 @@ is missing for a stand-in base (apt-get install debootstrap), or set BASE_IMAGE"
   say "building the stand-in base $tag from $mirror (debootstrap, a few minutes)"
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm \
     "$root" "$mirror" >&2 || die "debootstrap failed"
-  tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' - "$tag" >/dev/null \
+  # It trusts what this host trusts, for pip behind a TLS-inspecting proxy as well.
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+  tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' \
+    -c 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' - "$tag" >/dev/null \
     || die "docker import of the stand-in base failed"
   rm -rf "$root"
   echo "$tag"
