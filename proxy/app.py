@@ -28,6 +28,7 @@ from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
 from proxy.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
 from proxy.admin import admin_router
+from proxy.admission import AdmissionGate, AdmittedHandler
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
 from proxy.discovery_loop import kubernetes_discovery
@@ -51,14 +52,25 @@ class FleetProxyApp:
         self.control = control
         self._control: AsgiApp = control
         self._wrong_method: AsgiApp = _wrong_method
+        self.forwarder: AsgiApp
         if keys is None:
             self.forwarder = Forwarder(core)
         else:
             self.forwarder = KeyedForwarder(core, keys)
             self._control = ControlPlaneKeys(control, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
-        self.asgi: AsgiApp = self
         s = core.settings
+        self.admission: AdmissionGate | None = None
+        if s.max_concurrent_requests is not None:
+            # Outside the key check: a queued request has had nothing read yet.
+            self.admission = AdmissionGate(
+                s.max_concurrent_requests,
+                s.admission_queue_size,
+                s.admission_queue_timeout,
+                core.prom,
+            )
+            self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
+        self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
             self.asgi = CORSMiddleware(

@@ -273,6 +273,19 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds an idle client connection is kept open between requests",
     )
+    # Admission control (proxy/admission.py): off while max_concurrent_requests is None.
+    max_concurrent_requests: int | None = Field(
+        None, ge=1, description="OpenAI requests running at once per serving process"
+    )
+    admission_queue_size: int = Field(
+        256, ge=0, description="requests that may wait for a slot; more get 429"
+    )
+    admission_queue_timeout: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a request may wait for a slot; then 429",
+    )
 
     # --- the rescheduler (rescheduler/, docs/rescheduler.md): moves live requests between
     # backends to balance load and to leave failing ones, every rescheduling_interval_ms.
