@@ -95,6 +95,12 @@ class ProxyCore:
         self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
         self.control: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        # Set when a stop's grace period is over and the server closes the connections left:
+        # their requests end as cut by the proxy (503), not as left by their clients.
+        self.cutting = False
+
+    def cut_in_flight(self) -> None:
+        self.cutting = True
 
     async def start(self) -> None:
         s = self.settings

@@ -251,6 +251,8 @@ class Forwarder:
                 raise
             # The client left: the upstream request was closed by the cancellation.
             task.uncancel()
+            if self.core.cutting:
+                return 503  # the proxy's stop closed the connection, past its grace period
             self.core.metrics.client_disconnects.inc()
             return 499
         finally:

@@ -273,6 +273,11 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds an idle client connection is kept open between requests",
     )
+    # On SIGTERM or SIGINT: stop accepting, let requests and streams finish for this long, then
+    # close what is left and exit (proxy/front_door.py GracefulServer).
+    shutdown_grace_period: float = Field(
+        30.0, ge=0, allow_inf_nan=False, description="seconds requests may take to finish"
+    )
     # Admission control (proxy/admission.py): off while max_concurrent_requests is None.
     max_concurrent_requests: int | None = Field(
         None, ge=1, description="OpenAI requests running at once per serving process"
