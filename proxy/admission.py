@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -24,6 +25,7 @@ from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError
 from proxy.forward import HOT_ROUTES
+from proxy.request_log import RequestLog
 
 REJECT_REASONS = ("queue_full", "queue_timeout")
 # What a refused client is told to wait before it tries again.
@@ -153,14 +155,18 @@ class AdmittedHandler:
         self._inner = inner
         self._gate = gate
         self._metrics = core.metrics
+        self._request_log: RequestLog | None = core.request_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = time.perf_counter()
         try:
             await self._gate.enter()
         except ProxyError as e:
             await send_error(send, e, "")
             endpoint = HOT_ROUTES[scope["path"]][0]
             self._metrics.count_request(endpoint, e.status)
+            if self._request_log is not None:
+                self._request_log.record(endpoint, "", e.status, arrived, None)
             return
         try:
             await self._inner(scope, receive, send)

@@ -21,6 +21,7 @@ from policies.registry import build_policy, build_routing
 from proxy.ejection import EjectionGuard
 from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
+from proxy.request_log import JsonRequestLog
 from proxy.settings import Settings
 from proxy.upstream import UpstreamPool, split_url
 from rescheduler.decide import check_config
@@ -91,6 +92,12 @@ class ProxyCore:
         if callable(removed):
             self.fleet.on_removed(removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
+        self.request_log: JsonRequestLog | None = None
+        if settings.request_log == "json":
+            self.request_log = JsonRequestLog(
+                settings.request_log_file, settings.request_log_sample_rate, self.prom
+            )
+        self._log_task: asyncio.Task[None] | None = None
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
         self.control: httpx.AsyncClient | None = None
@@ -104,6 +111,9 @@ class ProxyCore:
 
     async def start(self) -> None:
         s = self.settings
+        if self.request_log is not None:
+            self.request_log.open()  # first: an unwritable log file stops start-up
+            self._log_task = asyncio.create_task(self.request_log.run(), name="request-log")
         # Forwarding uses its own lean client (proxy/upstream.py), never httpx: per request it
         # costs a fraction of any general-purpose client (docs/performance.md).
         # The backends' key goes on every call to them: forwarded requests, prefill and KV
@@ -176,3 +186,10 @@ class ProxyCore:
             await self.upstream.close()
         if self.control is not None:
             await self.control.aclose()
+        if self.request_log is not None:
+            # Last: every request has finished by now, and its line goes out.
+            self.request_log.stop()
+            if self._log_task is not None:
+                await self._log_task
+                self._log_task = None
+            self.request_log.close()

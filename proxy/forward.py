@@ -29,6 +29,7 @@ from proxy.openai_request import (
     parse_object,
     require_model,
 )
+from proxy.request_log import RequestLog
 from proxy.session import RequestSession
 
 log = logging.getLogger("fleet_proxy.forward")
@@ -109,6 +110,7 @@ class Forwarder:
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
         self._debug = core.settings.debug_receipts
+        self._request_log: RequestLog | None = core.request_log
         self._drop = _DROP_REQUEST_HEADERS
         if not core.settings.forward_client_authorization:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
@@ -137,6 +139,7 @@ class Forwarder:
         upstream_id = request_id if client_id is None else f"{client_id}-{os.urandom(6).hex()}"
         upstream.append((b"x-request-id", upstream_id.encode("latin-1")))
         status = 500
+        session: RequestSession | None = None
         try:
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
@@ -160,6 +163,9 @@ class Forwarder:
                 request_id,
             )
         self.core.metrics.count_request(endpoint, status)
+        request_log = self._request_log
+        if request_log is not None:
+            request_log.record(endpoint, request_id, status, arrived, session)
 
     def _movability(self, ctx: RequestContext) -> Movability | None:
         if ctx.endpoint not in GENERATION:

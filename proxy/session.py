@@ -71,6 +71,7 @@ class RequestSession(SessionMoves):
         "_send",
         "_settings",
         "_strip",
+        "answer",
         "arrived",
         "ctx",
         "dispatch",
@@ -130,6 +131,7 @@ class RequestSession(SessionMoves):
         self._body_fields: dict[str, Any] = {}
         self._first_body = body
         self._assembler: Assembler | None = None
+        self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
         self.ledger: TokenLedger | None = None
         if movability is not None and movability.movable:
             self.ledger = TokenLedger()
@@ -357,6 +359,7 @@ class RequestSession(SessionMoves):
         resp = leg.resp
         status = resp.status
         if whole is not None:
+            self.answer = whole
             self.dispatch.prefilled()
             headers = self._headers(leg)
             headers.append((b"content-length", b"%d" % len(whole)))

@@ -273,6 +273,13 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds an idle client connection is kept open between requests",
     )
+    # One JSON line per finished OpenAI request (proxy/request_log.py), written off the
+    # request's path; `off` builds nothing.
+    request_log: Literal["off", "json"] = "off"
+    request_log_file: Path | None = None  # None: stderr
+    request_log_sample_rate: float = Field(
+        1.0, ge=0, le=1, allow_inf_nan=False, description="share of requests logged"
+    )
     # On SIGTERM or SIGINT: stop accepting, let requests and streams finish for this long, then
     # close what is left and exit (proxy/front_door.py GracefulServer).
     shutdown_grace_period: float = Field(
