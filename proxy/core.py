@@ -80,7 +80,7 @@ class ProxyCore:
         self.policy_on_finish = getattr(self.policy, "on_finish", None)
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
-        self.metrics = RouterMetrics(self.prom)
+        self.metrics = RouterMetrics(self.prom, self.fleet.knows_model)
         self.fleet.on_removed(self.metrics.forget_backend)
         self.fleet.on_removed(self._forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))

@@ -140,9 +140,11 @@ class Forwarder:
         upstream.append((b"x-request-id", upstream_id.encode("latin-1")))
         status = 500
         session: RequestSession | None = None
+        model: str | None = None
         try:
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
+            model = ctx.model
             tokens = self.core.tokens
             if tokens is not None and tokens.mode != "estimate" and not ctx.prompt_is_token_ids:
                 ctx.prompt_tokens = await tokens.count(ctx.prompt_text, ctx.model)
@@ -162,7 +164,7 @@ class Forwarder:
                 ProxyError(500, "internal proxy error", type="internal_error"),
                 request_id,
             )
-        self.core.metrics.count_request(endpoint, status)
+        self.core.metrics.count_request(endpoint, status, model)
         request_log = self._request_log
         if request_log is not None:
             request_log.record(endpoint, request_id, status, arrived, session)
