@@ -8,7 +8,12 @@ import logging
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from fleet.clock import Clock, SystemClock
 from fleet.discovery import StaticSource, reconcile
@@ -84,6 +89,11 @@ class ProxyCore:
         self.fleet.on_removed(self.metrics.forget_backend)
         self.fleet.on_removed(self._forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))
+        # The process's own health (CPU, memory, open files, GC), as any Python exporter has
+        # it: read at scrape time, nothing per request.
+        ProcessCollector(registry=self.prom)
+        PlatformCollector(registry=self.prom)
+        GCCollector(registry=self.prom)
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
         bind = getattr(self.policy, "bind_metrics", None)
         if callable(bind):

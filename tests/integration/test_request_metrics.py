@@ -65,3 +65,20 @@ def test_a_client_cannot_grow_the_series_with_model_names() -> None:
         ("unknown", "404", 1000.0),
     ]
     assert len(metrics._request_children) == 3
+
+
+async def test_metrics_carry_the_process_and_python_series(backend):
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        text = (await c.get("/metrics")).text
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+        "python_info{",
+        "python_gc_objects_collected_total{",
+    ):
+        assert name in text, name
