@@ -157,6 +157,7 @@ class ProxyCore:
             timeout=s.scrape_timeout,
             unhealthy_after=s.unhealthy_after,
             on_down=self._backend_down,
+            health_path=s.health_check_path,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
         self._tasks.append(asyncio.create_task(self.ejection.run(), name="ejection"))

@@ -137,6 +137,8 @@ class Settings(BaseSettings):
 
     scrape_interval: float = Field(0.2, gt=0)
     health_interval: float = Field(1.0, gt=0)
+    # The path of each backend's health check (vLLM: /health); 200 means healthy.
+    health_check_path: str = "/health"
     unhealthy_after: int = Field(2, ge=1, description="failed health checks in a row")
     models_interval: float = Field(10.0, gt=0)
     scrape_timeout: float = Field(1.0, gt=0)
@@ -512,6 +514,13 @@ class Settings(BaseSettings):
                 parse_allow_entry(entry)
             except ValueError as e:
                 raise ValueError(f"backend_url_allow: {e}") from None
+        return v
+
+    @field_validator("health_check_path")
+    @classmethod
+    def _absolute_path(cls, v: str) -> str:
+        if not v.startswith("/") or not v.isascii() or any(c.isspace() for c in v):
+            raise ValueError("health_check_path must be a URL path starting with /, no spaces")
         return v
 
     @field_validator("log_level")
