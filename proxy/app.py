@@ -214,15 +214,21 @@ def create_app(
             headers={"retry-after": "1"},
         )
 
+    aliases = settings.model_aliases
+
     @control.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": m, "object": "model", "owned_by": "fleet-proxy"}
-                for m in core.fleet.models(core.clock.now())
-            ],
-        }
+        served = core.fleet.models(core.clock.now())
+        data = [{"id": m, "object": "model", "owned_by": "fleet-proxy"} for m in served]
+        if aliases:
+            # An alias is listed while its model is served; `root` names that model.
+            ready = set(served)
+            data += [
+                {"id": a, "object": "model", "owned_by": "fleet-proxy", "root": m}
+                for a, m in aliases.items()
+                if m in ready
+            ]
+        return {"object": "list", "data": data}
 
     control.include_router(admin_router(core, changes, sync, planner))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)

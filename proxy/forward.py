@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+import orjson
+
 from policies.base import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.continuation import Movability, movability
@@ -111,6 +113,7 @@ class Forwarder:
         self._assemble = core.settings.assemble_non_streamed
         self._debug = core.settings.debug_receipts
         self._request_log: RequestLog | None = core.request_log
+        self._aliases = dict(core.settings.model_aliases) or None
         self._drop = _DROP_REQUEST_HEADERS
         if not core.settings.forward_client_authorization:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
@@ -144,6 +147,8 @@ class Forwarder:
         try:
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
+            if self._aliases is not None:
+                body = self._dealias(ctx, body, self._aliases)
             model = ctx.model
             tokens = self.core.tokens
             if tokens is not None and tokens.mode != "estimate" and not ctx.prompt_is_token_ids:
@@ -168,6 +173,17 @@ class Forwarder:
         request_log = self._request_log
         if request_log is not None:
             request_log.record(endpoint, request_id, status, arrived, session)
+
+    @staticmethod
+    def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:
+        """A request for an alias goes on under the served model's name: routing, prefix
+        hashing and the backend all see that name. Other requests keep their bytes."""
+        served = aliases.get(ctx.model)
+        if served is None:
+            return body
+        ctx.model = served
+        ctx.body["model"] = served
+        return orjson.dumps(ctx.body)
 
     def _movability(self, ctx: RequestContext) -> Movability | None:
         if ctx.endpoint not in GENERATION:

@@ -199,6 +199,9 @@ class Settings(BaseSettings):
         2048, ge=1, description="idle keep-alive connections kept per backend"
     )
     chars_per_token: float = Field(4.0, gt=0)
+    # Model names clients may use for a served model (alias -> the backends' name): rewritten
+    # in the request before routing; answers keep the backends' name (README.md).
+    model_aliases: dict[str, str] = Field(default_factory=dict)
     # Prompt token counting for routing (fleet/tokens.py): a character estimate, a local HF
     # tokenizer.json (run in a worker thread), or the backends' own /tokenize.
     token_counter: Literal["estimate", "hf", "remote"] = "estimate"
@@ -514,6 +517,18 @@ class Settings(BaseSettings):
                 parse_allow_entry(entry)
             except ValueError as e:
                 raise ValueError(f"backend_url_allow: {e}") from None
+        return v
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _aliases_one_step(cls, v: dict[str, str]) -> dict[str, str]:
+        for alias, served in v.items():
+            if not alias or not served:
+                raise ValueError("an alias and its model must be non-empty names")
+            if served in v:
+                raise ValueError(
+                    f"alias {alias!r} names {served!r}, itself an alias: name the served model"
+                )
         return v
 
     @field_validator("health_check_path")
