@@ -114,6 +114,9 @@ class Forwarder:
         self._debug = core.settings.debug_receipts
         self._request_log: RequestLog | None = core.request_log
         self._aliases = dict(core.settings.model_aliases) or None
+        # What names a request's session for session-affinity routing.
+        self._session_header = core.settings.session_header
+        self._session_field = core.settings.session_body_field
         self._drop = _DROP_REQUEST_HEADERS
         if not core.settings.forward_client_authorization:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
@@ -239,10 +242,10 @@ class Forwarder:
             text = ""
         stream = is_stream(parsed) if generates else False
         tokens = token_count if token_count is not None else int(len(text) / self._chars_per_token)
-        session_id = headers.get("x-session-id")
-        if session_id is None:
-            user = parsed.get("user")
-            session_id = user if isinstance(user, str) else None
+        session_id = headers.get(self._session_header) if self._session_header else None
+        if session_id is None and self._session_field:
+            value = parsed.get(self._session_field)
+            session_id = value if isinstance(value, str) else None
         return RequestContext(
             request_id=request_id,
             endpoint=endpoint,

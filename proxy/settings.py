@@ -199,6 +199,10 @@ class Settings(BaseSettings):
         2048, ge=1, description="idle keep-alive connections kept per backend"
     )
     chars_per_token: float = Field(4.0, gt=0)
+    # The request's session for session-affinity routing (RequestContext.session_id): this
+    # header, else this top-level string field of the body; None (or "") turns either off.
+    session_header: str | None = "x-session-id"
+    session_body_field: str | None = "user"
     # Model names clients may use for a served model (alias -> the backends' name): rewritten
     # in the request before routing; answers keep the backends' name (README.md).
     model_aliases: dict[str, str] = Field(default_factory=dict)
@@ -518,6 +522,19 @@ class Settings(BaseSettings):
             except ValueError as e:
                 raise ValueError(f"backend_url_allow: {e}") from None
         return v
+
+    @field_validator("session_header", "session_body_field")
+    @classmethod
+    def _empty_is_none(cls, v: str | None) -> str | None:
+        return v or None
+
+    @field_validator("session_header")
+    @classmethod
+    def _header_name(cls, v: str | None) -> str | None:
+        # Header names are matched as the server hands them over: lower case.
+        if v is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", v):
+            raise ValueError(f"not an HTTP header name: {v!r}")
+        return v.lower() if v is not None else None
 
     @field_validator("model_aliases")
     @classmethod
