@@ -1,4 +1,4 @@
-"""Background polling of every backend's /metrics, /health and /v1/models.
+"""Background polling of every backend's /metrics, health path (/health) and /v1/models.
 
 One loop per backend, so a slow or hung backend never delays the others' snapshots.
 Failures never raise out of a loop: they mark the backend (unhealthy or stale) and the
@@ -36,6 +36,7 @@ class Scraper:
         timeout: float = 1.0,
         unhealthy_after: int = 2,
         on_down: Callable[[Backend], None] | None = None,
+        health_path: str = "/health",
     ) -> None:
         self.registry = registry
         self.client = client
@@ -51,6 +52,8 @@ class Scraper:
         self._failures: dict[str, int] = {}
         # Told when a health check takes a backend out, so requests on it need not wait.
         self._on_down = on_down
+        # vLLM answers /health; a gateway or another engine in front may check another path.
+        self.health_path = health_path
         self._loops: dict[str, tuple[Backend, asyncio.Task[None]]] = {}  # by backend id
 
     async def run(self) -> None:
@@ -100,13 +103,13 @@ class Scraper:
 
     async def check_health(self, backend: Backend) -> None:
         try:
-            r = await self.client.get(backend.url + "/health", timeout=self.timeout)
+            r = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
             ok = r.status_code == 200
             if not ok:
-                backend.last_error = f"/health answered {r.status_code}"
+                backend.last_error = f"{self.health_path} answered {r.status_code}"
         except httpx.HTTPError as e:
             ok = False
-            backend.last_error = f"/health failed: {type(e).__name__}: {e}"
+            backend.last_error = f"{self.health_path} failed: {type(e).__name__}: {e}"
         failures = 0 if ok else self._failures.get(backend.id, 0) + 1
         self._failures[backend.id] = failures
         healthy = ok or (backend.healthy and failures < self.unhealthy_after)

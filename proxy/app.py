@@ -28,6 +28,7 @@ from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
 from proxy.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
 from proxy.admin import admin_router
+from proxy.admission import AdmissionGate, AdmittedHandler
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.core import ProxyCore
 from proxy.discovery_loop import kubernetes_discovery
@@ -51,14 +52,25 @@ class FleetProxyApp:
         self.control = control
         self._control: AsgiApp = control
         self._wrong_method: AsgiApp = _wrong_method
+        self.forwarder: AsgiApp
         if keys is None:
             self.forwarder = Forwarder(core)
         else:
             self.forwarder = KeyedForwarder(core, keys)
             self._control = ControlPlaneKeys(control, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
-        self.asgi: AsgiApp = self
         s = core.settings
+        self.admission: AdmissionGate | None = None
+        if s.max_concurrent_requests is not None:
+            # Outside the key check: a queued request has had nothing read yet.
+            self.admission = AdmissionGate(
+                s.max_concurrent_requests,
+                s.admission_queue_size,
+                s.admission_queue_timeout,
+                core.prom,
+            )
+            self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
+        self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
             self.asgi = CORSMiddleware(
@@ -202,15 +214,21 @@ def create_app(
             headers={"retry-after": "1"},
         )
 
+    aliases = settings.model_aliases
+
     @control.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": m, "object": "model", "owned_by": "fleet-proxy"}
-                for m in core.fleet.models(core.clock.now())
-            ],
-        }
+        served = core.fleet.models(core.clock.now())
+        data = [{"id": m, "object": "model", "owned_by": "fleet-proxy"} for m in served]
+        if aliases:
+            # An alias is listed while its model is served; `root` names that model.
+            ready = set(served)
+            data += [
+                {"id": a, "object": "model", "owned_by": "fleet-proxy", "root": m}
+                for a, m in aliases.items()
+                if m in ready
+            ]
+        return {"object": "list", "data": data}
 
     control.include_router(admin_router(core, changes, sync, planner))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)

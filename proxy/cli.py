@@ -280,7 +280,10 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
     fit_open_files(settings.client_max_connections)
     # The banner only once the port is bound, with the port bound.
     server = AnnouncingServer(
-        uvicorn_config(app, settings), lambda port: print(banner(settings, port, model), flush=True)
+        uvicorn_config(app, settings),
+        lambda port: print(banner(settings, port, model), flush=True),
+        settings.shutdown_grace_period,
+        app.core,
     )
     try:
         server.run()

@@ -8,7 +8,12 @@ import logging
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from fleet.clock import Clock, SystemClock
 from fleet.discovery import StaticSource, reconcile
@@ -21,6 +26,7 @@ from policies.registry import build_policy, build_routing
 from proxy.ejection import EjectionGuard
 from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
+from proxy.request_log import JsonRequestLog
 from proxy.settings import Settings
 from proxy.upstream import UpstreamPool, split_url
 from rescheduler.decide import check_config
@@ -79,10 +85,15 @@ class ProxyCore:
         self.policy_on_finish = getattr(self.policy, "on_finish", None)
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
-        self.metrics = RouterMetrics(self.prom)
+        self.metrics = RouterMetrics(self.prom, self.fleet.knows_model)
         self.fleet.on_removed(self.metrics.forget_backend)
         self.fleet.on_removed(self._forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))
+        # The process's own health (CPU, memory, open files, GC), as any Python exporter has
+        # it: read at scrape time, nothing per request.
+        ProcessCollector(registry=self.prom)
+        PlatformCollector(registry=self.prom)
+        GCCollector(registry=self.prom)
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
         bind = getattr(self.policy, "bind_metrics", None)
         if callable(bind):
@@ -91,13 +102,28 @@ class ProxyCore:
         if callable(removed):
             self.fleet.on_removed(removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
+        self.request_log: JsonRequestLog | None = None
+        if settings.request_log == "json":
+            self.request_log = JsonRequestLog(
+                settings.request_log_file, settings.request_log_sample_rate, self.prom
+            )
+        self._log_task: asyncio.Task[None] | None = None
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
         self.control: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        # Set when a stop's grace period is over and the server closes the connections left:
+        # their requests end as cut by the proxy (503), not as left by their clients.
+        self.cutting = False
+
+    def cut_in_flight(self) -> None:
+        self.cutting = True
 
     async def start(self) -> None:
         s = self.settings
+        if self.request_log is not None:
+            self.request_log.open()  # first: an unwritable log file stops start-up
+            self._log_task = asyncio.create_task(self.request_log.run(), name="request-log")
         # Forwarding uses its own lean client (proxy/upstream.py), never httpx: per request it
         # costs a fraction of any general-purpose client (docs/performance.md).
         # The backends' key goes on every call to them: forwarded requests, prefill and KV
@@ -131,6 +157,7 @@ class ProxyCore:
             timeout=s.scrape_timeout,
             unhealthy_after=s.unhealthy_after,
             on_down=self._backend_down,
+            health_path=s.health_check_path,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
         self._tasks.append(asyncio.create_task(self.ejection.run(), name="ejection"))
@@ -170,3 +197,10 @@ class ProxyCore:
             await self.upstream.close()
         if self.control is not None:
             await self.control.aclose()
+        if self.request_log is not None:
+            # Last: every request has finished by now, and its line goes out.
+            self.request_log.stop()
+            if self._log_task is not None:
+                await self._log_task
+                self._log_task = None
+            self.request_log.close()

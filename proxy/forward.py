@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+import orjson
+
 from policies.base import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.continuation import Movability, movability
@@ -29,6 +31,7 @@ from proxy.openai_request import (
     parse_object,
     require_model,
 )
+from proxy.request_log import RequestLog
 from proxy.session import RequestSession
 
 log = logging.getLogger("fleet_proxy.forward")
@@ -109,6 +112,11 @@ class Forwarder:
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
         self._debug = core.settings.debug_receipts
+        self._request_log: RequestLog | None = core.request_log
+        self._aliases = dict(core.settings.model_aliases) or None
+        # What names a request's session for session-affinity routing.
+        self._session_header = core.settings.session_header
+        self._session_field = core.settings.session_body_field
         self._drop = _DROP_REQUEST_HEADERS
         if not core.settings.forward_client_authorization:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
@@ -137,9 +145,14 @@ class Forwarder:
         upstream_id = request_id if client_id is None else f"{client_id}-{os.urandom(6).hex()}"
         upstream.append((b"x-request-id", upstream_id.encode("latin-1")))
         status = 500
+        session: RequestSession | None = None
+        model: str | None = None
         try:
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
+            if self._aliases is not None:
+                body = self._dealias(ctx, body, self._aliases)
+            model = ctx.model
             tokens = self.core.tokens
             if tokens is not None and tokens.mode != "estimate" and not ctx.prompt_is_token_ids:
                 ctx.prompt_tokens = await tokens.count(ctx.prompt_text, ctx.model)
@@ -159,7 +172,21 @@ class Forwarder:
                 ProxyError(500, "internal proxy error", type="internal_error"),
                 request_id,
             )
-        self.core.metrics.count_request(endpoint, status)
+        self.core.metrics.count_request(endpoint, status, model)
+        request_log = self._request_log
+        if request_log is not None:
+            request_log.record(endpoint, request_id, status, arrived, session)
+
+    @staticmethod
+    def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:
+        """A request for an alias goes on under the served model's name: routing, prefix
+        hashing and the backend all see that name. Other requests keep their bytes."""
+        served = aliases.get(ctx.model)
+        if served is None:
+            return body
+        ctx.model = served
+        ctx.body["model"] = served
+        return orjson.dumps(ctx.body)
 
     def _movability(self, ctx: RequestContext) -> Movability | None:
         if ctx.endpoint not in GENERATION:
@@ -215,10 +242,10 @@ class Forwarder:
             text = ""
         stream = is_stream(parsed) if generates else False
         tokens = token_count if token_count is not None else int(len(text) / self._chars_per_token)
-        session_id = headers.get("x-session-id")
-        if session_id is None:
-            user = parsed.get("user")
-            session_id = user if isinstance(user, str) else None
+        session_id = headers.get(self._session_header) if self._session_header else None
+        if session_id is None and self._session_field:
+            value = parsed.get(self._session_field)
+            session_id = value if isinstance(value, str) else None
         return RequestContext(
             request_id=request_id,
             endpoint=endpoint,
@@ -251,6 +278,8 @@ class Forwarder:
                 raise
             # The client left: the upstream request was closed by the cancellation.
             task.uncancel()
+            if self.core.cutting:
+                return 503  # the proxy's stop closed the connection, past its grace period
             self.core.metrics.client_disconnects.inc()
             return 499
         finally:

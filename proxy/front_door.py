@@ -35,7 +35,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 import uvicorn
@@ -58,6 +58,9 @@ BACKLOG = 4096
 WARN_EVERY_S = 10.0
 # A request line's bytes beyond its URL: the method, two spaces, "HTTP/1.1", CRLF (about).
 _REQUEST_LINE_EXTRA = 16
+# Seconds after the shutdown grace period at which uvicorn cancels request tasks still
+# running (GracefulServer has closed their connections by then; they end within ~50 ms).
+SHUTDOWN_BACKSTOP_S = 5.0
 # File descriptors a serving process needs besides one per client connection and one per
 # upstream request (at most one per client connection): listening sockets, backend scrapes
 # and health checks, idle upstream keep-alive connections, logs, shared memory.
@@ -444,18 +447,74 @@ def uvicorn_config(app: FleetProxyApp, settings: Settings, **overrides: Any) -> 
         # on every request; and it does not advertise its server software.
         "proxy_headers": False,
         "server_header": False,
+        # GracefulServer ends what is left at the grace period; this is uvicorn's last resort.
+        "timeout_graceful_shutdown": settings.shutdown_grace_period + SHUTDOWN_BACKSTOP_S,
     }
     options.update(overrides)
     return uvicorn.Config(app.asgi, **options)
 
 
-class AnnouncingServer(uvicorn.Server):
+class GraceDeadline(Protocol):
+    """What the server tells the app when a stop's grace period is over."""
+
+    def cut_in_flight(self) -> None:
+        """The requests still running are about to lose their connections."""
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with a bounded graceful stop. On SIGTERM or SIGINT uvicorn closes the
+    listening sockets (new connections are refused), closes idle keep-alive connections and
+    marks busy ones to close after their response; requests in flight and streams finish.
+    After `grace` seconds this server closes every connection still open: each client sees
+    its connection close (a stream stops short of its end, never a false end), and each
+    request, seeing its client gone, closes its upstream request (the backend aborts it).
+
+    uvicorn's own `timeout_graceful_shutdown` would instead cancel the request tasks, which
+    leaves an error and a traceback per request in the log; it stays as a backstop,
+    `SHUTDOWN_BACKSTOP_S` later."""
+
+    def __init__(self, config: Config, grace: float, app: GraceDeadline | None = None) -> None:
+        super().__init__(config)
+        self._grace = grace
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        deadline = asyncio.get_running_loop().call_later(self._grace, self._cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            deadline.cancel()
+
+    def _cut(self) -> None:
+        connections = list(self.server_state.connections)
+        if not connections:
+            return
+        log.warning(
+            "shutdown grace period of %g s over: closing %d connection(s) still open",
+            self._grace,
+            len(connections),
+        )
+        if self._app is not None:
+            self._app.cut_in_flight()
+        for connection in connections:
+            transport = connection.transport
+            if not transport.is_closing():
+                transport.close()
+
+
+class AnnouncingServer(GracefulServer):
     """A uvicorn server that calls `on_listening(port)` once its socket is bound and the app
     has started: what is announced then accepts connections, on the port really bound (the
     one the kernel chose for port 0)."""
 
-    def __init__(self, config: Config, on_listening: Callable[[int], None]) -> None:
-        super().__init__(config)
+    def __init__(
+        self,
+        config: Config,
+        on_listening: Callable[[int], None],
+        grace: float,
+        app: GraceDeadline | None = None,
+    ) -> None:
+        super().__init__(config, grace, app)
         self._on_listening = on_listening
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:

@@ -21,13 +21,26 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+# The `model` label of a request whose model no backend serves (or that named none): a client
+# must not be able to add series by making names up.
+UNKNOWN_MODEL = "unknown"
+
+
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    """`serves(model)`: whether a backend serves that model name, which then labels the
+    request series; other names count as `unknown`, so the series are bounded by the models
+    the fleet has served."""
+
+    def __init__(
+        self, registry: CollectorRegistry, serves: Callable[[str], bool] | None = None
+    ) -> None:
         self.registry = registry
+        self._serves = serves or (lambda _: False)
         self.requests = Counter(
             "fleet_proxy_requests",
-            "Requests answered by the proxy, by endpoint and HTTP status",
-            ["endpoint", "status"],
+            "Requests answered by the proxy, by endpoint, model (as the backends name it; "
+            "unknown for any other name) and HTTP status",
+            ["endpoint", "model", "status"],
             registry=registry,
         )
         self.retries = Counter(
@@ -57,14 +70,14 @@ class RouterMetrics:
         self.ttft = Histogram(
             "fleet_proxy_time_to_first_byte_seconds",
             "From request arrival to the first body byte relayed",
-            ["endpoint"],
+            ["endpoint", "model"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
         self.duration = Histogram(
             "fleet_proxy_request_duration_seconds",
             "From request arrival to the last byte relayed",
-            ["endpoint"],
+            ["endpoint", "model"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
@@ -148,16 +161,26 @@ class RouterMetrics:
             registry=registry,
         )
         # labels() locks and hashes on every call: keep the bound children.
-        self._request_children: dict[tuple[str, int], Callable[[], None]] = {}
-        self._ttft_children: dict[str, Callable[[float], None]] = {}
-        self._duration_children: dict[str, Callable[[float], None]] = {}
+        self._request_children: dict[tuple[str, int, str], Callable[[], None]] = {}
+        self._ttft_children: dict[tuple[str, str], Callable[[float], None]] = {}
+        self._duration_children: dict[tuple[str, str], Callable[[float], None]] = {}
         self._not_movable_children: dict[str, Callable[[], None]] = {}
 
-    def count_request(self, endpoint: str, status: int) -> None:
-        inc = self._request_children.get((endpoint, status))
+    def count_request(self, endpoint: str, status: int, model: str | None = None) -> None:
+        children = self._request_children
+        inc = children.get((endpoint, status, model or UNKNOWN_MODEL))
         if inc is None:
-            inc = self.requests.labels(endpoint, str(status)).inc
-            self._request_children[(endpoint, status)] = inc
+            if model is not None and self._serves(model):
+                inc = self.requests.labels(endpoint, model, str(status)).inc
+                children[(endpoint, status, model)] = inc
+            else:
+                # Kept under `unknown`, never the client's name: made-up names would grow
+                # this dict as they would the series.
+                unknown = (endpoint, status, UNKNOWN_MODEL)
+                inc = children.get(unknown)
+                if inc is None:
+                    inc = self.requests.labels(endpoint, UNKNOWN_MODEL, str(status)).inc
+                    children[unknown] = inc
         inc()
 
     def _count_backend(self, metric: Counter, backend_id: str, label: str) -> None:
@@ -191,16 +214,21 @@ class RouterMetrics:
             inc = self._not_movable_children[reason] = self.not_movable.labels(reason).inc
         inc()
 
-    def observe_ttft(self, endpoint: str, seconds: float) -> None:
-        observe = self._ttft_children.get(endpoint)
+    # A request with a first byte or an end was routed, so a backend serves its model: the
+    # name is one of the fleet's.
+
+    def observe_ttft(self, endpoint: str, model: str, seconds: float) -> None:
+        observe = self._ttft_children.get((endpoint, model))
         if observe is None:
-            observe = self._ttft_children[endpoint] = self.ttft.labels(endpoint).observe
+            observe = self.ttft.labels(endpoint, model).observe
+            self._ttft_children[(endpoint, model)] = observe
         observe(seconds)
 
-    def observe_duration(self, endpoint: str, seconds: float) -> None:
-        observe = self._duration_children.get(endpoint)
+    def observe_duration(self, endpoint: str, model: str, seconds: float) -> None:
+        observe = self._duration_children.get((endpoint, model))
         if observe is None:
-            observe = self._duration_children[endpoint] = self.duration.labels(endpoint).observe
+            observe = self.duration.labels(endpoint, model).observe
+            self._duration_children[(endpoint, model)] = observe
         observe(seconds)
 
 

@@ -71,6 +71,7 @@ class RequestSession(SessionMoves):
         "_send",
         "_settings",
         "_strip",
+        "answer",
         "arrived",
         "ctx",
         "dispatch",
@@ -130,6 +131,7 @@ class RequestSession(SessionMoves):
         self._body_fields: dict[str, Any] = {}
         self._first_body = body
         self._assembler: Assembler | None = None
+        self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
         self.ledger: TokenLedger | None = None
         if movability is not None and movability.movable:
             self.ledger = TokenLedger()
@@ -357,6 +359,7 @@ class RequestSession(SessionMoves):
         resp = leg.resp
         status = resp.status
         if whole is not None:
+            self.answer = whole
             self.dispatch.prefilled()
             headers = self._headers(leg)
             headers.append((b"content-length", b"%d" % len(whole)))
@@ -369,7 +372,7 @@ class RequestSession(SessionMoves):
             await self._stream()
         else:
             status = await self._answer_assembled()
-        self._metrics.observe_duration(ctx.endpoint, time.perf_counter() - self.arrived)
+        self._metrics.observe_duration(ctx.endpoint, ctx.model, time.perf_counter() - self.arrived)
         return status
 
     def _headers(self, leg: Leg, *, json_body: bool = False) -> list[tuple[bytes, bytes]]:
@@ -490,7 +493,7 @@ class RequestSession(SessionMoves):
         self._opener.succeeded(leg.backend)
         if self.first_token_at is None:
             self.first_token_at = now
-            self._metrics.observe_ttft(self.ctx.endpoint, now - self.arrived)
+            self._metrics.observe_ttft(self.ctx.endpoint, self.ctx.model, now - self.arrived)
         if self.ledger is not None:
             # Tokens flow: from now on a silent backend is a stalled one.
             leg.resp.set_read_timeout(self._settings.stall_timeout)

@@ -137,6 +137,8 @@ class Settings(BaseSettings):
 
     scrape_interval: float = Field(0.2, gt=0)
     health_interval: float = Field(1.0, gt=0)
+    # The path of each backend's health check (vLLM: /health); 200 means healthy.
+    health_check_path: str = "/health"
     unhealthy_after: int = Field(2, ge=1, description="failed health checks in a row")
     models_interval: float = Field(10.0, gt=0)
     scrape_timeout: float = Field(1.0, gt=0)
@@ -197,6 +199,13 @@ class Settings(BaseSettings):
         2048, ge=1, description="idle keep-alive connections kept per backend"
     )
     chars_per_token: float = Field(4.0, gt=0)
+    # The request's session for session-affinity routing (RequestContext.session_id): this
+    # header, else this top-level string field of the body; None (or "") turns either off.
+    session_header: str | None = "x-session-id"
+    session_body_field: str | None = "user"
+    # Model names clients may use for a served model (alias -> the backends' name): rewritten
+    # in the request before routing; answers keep the backends' name (README.md).
+    model_aliases: dict[str, str] = Field(default_factory=dict)
     # Prompt token counting for routing (fleet/tokens.py): a character estimate, a local HF
     # tokenizer.json (run in a worker thread), or the backends' own /tokenize.
     token_counter: Literal["estimate", "hf", "remote"] = "estimate"
@@ -272,6 +281,31 @@ class Settings(BaseSettings):
         gt=0,
         allow_inf_nan=False,
         description="seconds an idle client connection is kept open between requests",
+    )
+    # One JSON line per finished OpenAI request (proxy/request_log.py), written off the
+    # request's path; `off` builds nothing.
+    request_log: Literal["off", "json"] = "off"
+    request_log_file: Path | None = None  # None: stderr
+    request_log_sample_rate: float = Field(
+        1.0, ge=0, le=1, allow_inf_nan=False, description="share of requests logged"
+    )
+    # On SIGTERM or SIGINT: stop accepting, let requests and streams finish for this long, then
+    # close what is left and exit (proxy/front_door.py GracefulServer).
+    shutdown_grace_period: float = Field(
+        30.0, ge=0, allow_inf_nan=False, description="seconds requests may take to finish"
+    )
+    # Admission control (proxy/admission.py): off while max_concurrent_requests is None.
+    max_concurrent_requests: int | None = Field(
+        None, ge=1, description="OpenAI requests running at once per serving process"
+    )
+    admission_queue_size: int = Field(
+        256, ge=0, description="requests that may wait for a slot; more get 429"
+    )
+    admission_queue_timeout: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a request may wait for a slot; then 429",
     )
 
     # --- the rescheduler (rescheduler/, docs/rescheduler.md): moves live requests between
@@ -487,6 +521,38 @@ class Settings(BaseSettings):
                 parse_allow_entry(entry)
             except ValueError as e:
                 raise ValueError(f"backend_url_allow: {e}") from None
+        return v
+
+    @field_validator("session_header", "session_body_field")
+    @classmethod
+    def _empty_is_none(cls, v: str | None) -> str | None:
+        return v or None
+
+    @field_validator("session_header")
+    @classmethod
+    def _header_name(cls, v: str | None) -> str | None:
+        # Header names are matched as the server hands them over: lower case.
+        if v is not None and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", v):
+            raise ValueError(f"not an HTTP header name: {v!r}")
+        return v.lower() if v is not None else None
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _aliases_one_step(cls, v: dict[str, str]) -> dict[str, str]:
+        for alias, served in v.items():
+            if not alias or not served:
+                raise ValueError("an alias and its model must be non-empty names")
+            if served in v:
+                raise ValueError(
+                    f"alias {alias!r} names {served!r}, itself an alias: name the served model"
+                )
+        return v
+
+    @field_validator("health_check_path")
+    @classmethod
+    def _absolute_path(cls, v: str) -> str:
+        if not v.startswith("/") or not v.isascii() or any(c.isspace() for c in v):
+            raise ValueError("health_check_path must be a URL path starting with /, no spaces")
         return v
 
     @field_validator("log_level")

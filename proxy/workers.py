@@ -40,12 +40,19 @@ from types import FrameType
 from typing import Any, Literal
 
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
-from proxy.front_door import BACKLOG, fit_open_files, uvicorn_config
+from proxy.front_door import (
+    BACKLOG,
+    SHUTDOWN_BACKSTOP_S,
+    GracefulServer,
+    fit_open_files,
+    uvicorn_config,
+)
 from proxy.peer_sync import WorkerSeat
 from proxy.settings import Settings
 
-# How long stopped workers may take to finish their requests before they are killed.
-STOP_GRACE_SECONDS = 30.0
+# How long stopped workers may take, beyond their shutdown grace period and uvicorn's
+# backstop, to stop their background work and exit before they are killed.
+STOP_MARGIN_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 ListenMode = Literal["shared", "reuseport"]  # as Settings.worker_listen
@@ -107,8 +114,6 @@ def worker_main(
     _die_with_parent(parent)
     # Ctrl-C reaches the whole process group; the supervisor passes it on as SIGTERM, once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import uvicorn
-
     from proxy.app import create_app
 
     settings = Settings(**settings_data)
@@ -119,7 +124,7 @@ def worker_main(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app = create_app(settings, seat=seat)
     fit_open_files(settings.client_max_connections)
-    server = uvicorn.Server(uvicorn_config(app, settings))
+    server = GracefulServer(uvicorn_config(app, settings), settings.shutdown_grace_period, app.core)
     server.run(sockets=[listen.worker_socket()])
     if not server.started:
         sys.exit(3)  # as uvicorn's own CLI: the app or the socket failed at start-up
@@ -142,6 +147,8 @@ class Supervisor:
         self.workers: list[BaseProcess] = []
         self.stopping = False
         self._signals = 0
+        # Workers finish their requests within the grace period, then exit.
+        self.stop_grace = settings.shutdown_grace_period + SHUTDOWN_BACKSTOP_S + STOP_MARGIN_S
 
     def _on_signal(self, signum: int, _: FrameType | None) -> None:
         self._signals += 1
@@ -210,7 +217,7 @@ class Supervisor:
             # A reader of the rows only (it never publishes): which workers have started.
             return self._wait(PeerLoad.attach(segment.name, 0), tmp)
         finally:
-            self._stop_all(STOP_GRACE_SECONDS)
+            self._stop_all(self.stop_grace)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             sock.close()
@@ -247,7 +254,7 @@ class Supervisor:
                         flush=True,
                     )
                     self.stopping = True
-                    self._stop_all(STOP_GRACE_SECONDS)
+                    self._stop_all(self.stop_grace)
                     return 1
         return 0
 

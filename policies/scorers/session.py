@@ -17,7 +17,8 @@ class SessionAffinityParams(BaseModel):
 
 
 class SessionAffinityScorer(SessionOwnerPlugin):
-    """The session is the `x-session-id` header or the body's `user` (RequestContext.session_id)."""
+    """The session is RequestContext.session_id: the `session_header` (`x-session-id`), else
+    the body's `session_body_field` (`user`)."""
 
     type = "session-affinity-scorer"
 

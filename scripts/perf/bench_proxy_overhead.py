@@ -12,6 +12,8 @@ With --workers N fleet-proxy runs as N worker processes (`fleet-proxy serve --wo
 its CPU per request is then the supervisor's and all its workers' together, and each run
 also prints how the requests split between the workers (from /admin/workers).
 
+--request-log and --max-concurrent-requests N measure those features switched on.
+
 Needs `wrk` (Debian package) on PATH. Writes runs/perf-<time>/results.json and prints a table.
 """
 
@@ -178,6 +180,16 @@ def main() -> int:
         "--cors-origin",
         help="start fleet-proxy with CORS for this origin and send it as Origin on every request",
     )
+    p.add_argument(
+        "--request-log",
+        action="store_true",
+        help="start fleet-proxy with request_log json, written to the results folder",
+    )
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        help="start fleet-proxy with admission control at this many requests",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     headers: dict[str, str] = {}
@@ -192,6 +204,11 @@ def main() -> int:
         return 2
     out_dir = args.out or ROOT / "runs" / time.strftime("perf-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.request_log:
+        os.environ["FLEET_PROXY_REQUEST_LOG"] = "json"
+        os.environ["FLEET_PROXY_REQUEST_LOG_FILE"] = str(out_dir / "requests.jsonl")
+    if args.max_concurrent_requests:
+        os.environ["FLEET_PROXY_MAX_CONCURRENT_REQUESTS"] = str(args.max_concurrent_requests)
     lua_dir = Path(tempfile.mkdtemp())
     py = sys.executable
     ports = [free_port(), free_port()]

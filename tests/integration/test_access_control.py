@@ -108,7 +108,10 @@ async def test_a_refusal_is_openai_shaped_and_probes_stay_open(backend: FakeBack
         r = await c.post("/v1/completions", json=BODY, headers={"authorization": "bearer key-one"})
         assert r.status_code == 200
         metrics = (await c.get("/metrics")).text
-        assert 'fleet_proxy_requests_total{endpoint="completions",status="401"}' in metrics
+        assert (
+            'fleet_proxy_requests_total{endpoint="completions",model="unknown",status="401"}'
+            in metrics
+        )
 
 
 async def test_keys_from_a_file_with_comments(backend: FakeBackend, tmp_path: Path) -> None:

@@ -344,7 +344,8 @@ async def test_body_dribbled_gets_408_and_the_app_sees_a_disconnect(backend):
         await until(
             lambda: (
                 app.core.prom.get_sample_value(
-                    "fleet_proxy_requests_total", {"endpoint": "completions", "status": "499"}
+                    "fleet_proxy_requests_total",
+                    {"endpoint": "completions", "model": "unknown", "status": "499"},
                 )
                 == 1
             )

@@ -243,7 +243,10 @@ async def test_metrics_endpoint_has_router_and_backend_series(backend):
     ):
         await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         text = (await c.get("/metrics")).text
-        assert 'fleet_proxy_requests_total{endpoint="completions",status="200"} 1.0' in text
+        assert (
+            'fleet_proxy_requests_total{endpoint="completions",model="fake-model",status="200"} 1.0'
+            in text
+        )
         assert "fleet_proxy_backend_in_flight{" in text
         assert "http_requests_total" in text  # the instrumentator, on the control plane
 

@@ -24,6 +24,9 @@ class Behaviour:
     first_byte_delay: float = 0.0
     die_after_chunks: int | None = None  # drop the connection mid-stream
     healthy: bool = True
+    # Each generation request takes one permit before answering (None: none needed), so a
+    # test lets requests finish one at a time.
+    hold: asyncio.Semaphore | None = None
 
 
 @dataclass
@@ -149,6 +152,8 @@ class FakeBackend:
         self.active += 1
         try:
             b = self.behaviour
+            if b.hold is not None:
+                await b.hold.acquire()
             if b.first_byte_delay:
                 await asyncio.sleep(b.first_byte_delay)
             chat = request.path.endswith("chat/completions")

@@ -1,0 +1,239 @@
+"""Structured request logs: one JSON line per finished OpenAI request (`request_log: json`),
+to stderr or `request_log_file`, for a sampled share of requests (`request_log_sample_rate`).
+
+The request's own task only appends a tuple of plain values read from its session (and two
+clock readings) to a bounded queue; a background task turns the queue into lines every
+`FLUSH_EVERY_S` and hands each batch to a worker thread for the write. So no request waits
+on formatting or on a write, however slow the disk or the reader of stderr. A full queue
+drops entries, counted in `fleet_proxy_request_log_dropped_total`. Off (the default), nothing
+is built and the hot path does one `is None` check per request.
+
+A line's fields: `time` (arrival, UTC), `request_id`, `endpoint`, `model`, `stream`, `status`,
+`backends` (the backend of each leg that answered, in order), `attempts` (backends tried
+before the first byte), `retries`, `moves`, `ttft_ms` (first streamed byte relayed; null for an
+answer relayed whole), `e2e_ms`, `prompt_tokens` and `completion_tokens` (from the answer's
+`usage` when it was relayed whole; the completion count from the token ids of a tracked stream;
+otherwise null), `routed_prompt_tokens` (the count routing used), `client_disconnect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter
+
+if TYPE_CHECKING:
+    from proxy.session import RequestSession
+    from proxy.stream_tokens import TokenLedger
+
+# How often the queue is written out; a line appears at most this long after its request.
+FLUSH_EVERY_S = 0.1
+# Entries waiting to be written; more are dropped (and counted).
+CAPACITY = 10_000
+
+_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
+
+
+class _Entry(NamedTuple):
+    """What a line needs, read from the session when its request ends: plain values, so the
+    session's objects are freed at once rather than kept for the cyclic GC to trace."""
+
+    wall_end: float
+    e2e: float
+    endpoint: str
+    request_id: str
+    status: int
+    model: str | None = None
+    stream: bool | None = None
+    backends: list[str] | None = None
+    attempts: int = 0
+    moves: int = 0
+    ttft: float | None = None
+    routed_prompt_tokens: int | None = None
+    answer: bytes | None = None  # an answer relayed whole, for its usage
+    ledger: TokenLedger | None = None  # a tracked stream's token ids
+
+
+class RequestLog(Protocol):
+    """Where the hot path reports each finished request."""
+
+    def record(
+        self,
+        endpoint: str,
+        request_id: str,
+        status: int,
+        arrived: float,
+        session: RequestSession | None,
+    ) -> None:
+        """`arrived`: perf_counter time; `session`: None for a request refused before one."""
+
+
+class JsonRequestLog:
+    def __init__(
+        self,
+        path: Path | None,
+        sample_rate: float,
+        registry: CollectorRegistry,
+        *,
+        capacity: int = CAPACITY,
+        flush_every: float = FLUSH_EVERY_S,
+    ) -> None:
+        self._path = path
+        self._sample_rate = sample_rate
+        self._capacity = capacity
+        self._flush_every = flush_every
+        self._pending: collections.deque[_Entry] = collections.deque()
+        self._out: IO[bytes] | None = None
+        self._owned = False
+        self._stopping = asyncio.Event()
+        self._dropped = Counter(
+            "fleet_proxy_request_log_dropped",
+            "Request log lines dropped because the queue to the writer was full",
+            registry=registry,
+        )
+        # Chosen once: with every request logged, no random number per request.
+        if sample_rate < 1.0:
+            self.record = self._record_sampled  # type: ignore[method-assign]
+
+    def open(self) -> None:
+        """Open the file (append), or take stderr; an unwritable path stops start-up."""
+        if self._path is None:
+            self._out = sys.stderr.buffer
+        else:
+            self._out = self._path.open("ab")
+            self._owned = True
+
+    def record(
+        self,
+        endpoint: str,
+        request_id: str,
+        status: int,
+        arrived: float,
+        session: RequestSession | None,
+    ) -> None:
+        pending = self._pending
+        if len(pending) >= self._capacity:
+            self._dropped.inc()
+            return
+        e2e = time.perf_counter() - arrived
+        if session is None:
+            pending.append(_Entry(time.time(), e2e, endpoint, request_id, status))
+            return
+        ctx = session.ctx
+        first = session.first_token_at
+        ledger = session.ledger
+        pending.append(
+            _Entry(
+                time.time(),
+                e2e,
+                endpoint,
+                request_id,
+                status,
+                ctx.model,
+                ctx.stream,
+                [leg.backend.id for leg in session.legs],
+                len(session.tried),
+                session.moves,
+                None if first is None else first - session.arrived,
+                ctx.prompt_tokens,
+                session.answer,
+                ledger if ledger is not None and ledger.token_events else None,
+            )
+        )
+
+    def _record_sampled(
+        self,
+        endpoint: str,
+        request_id: str,
+        status: int,
+        arrived: float,
+        session: RequestSession | None,
+    ) -> None:
+        if random.random() < self._sample_rate:
+            JsonRequestLog.record(self, endpoint, request_id, status, arrived, session)
+
+    async def run(self) -> None:
+        """Write the queue out every `flush_every` seconds until `stop()`, then the rest."""
+        stopping = self._stopping
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._flush_every)
+            await self.flush()
+
+    async def flush(self) -> None:
+        data = self._lines()
+        if data:
+            await asyncio.to_thread(self._write, data)
+
+    def stop(self) -> None:
+        """Ask `run` to write what is left and return."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Write anything still queued (once `run` has returned) and close the file."""
+        data = self._lines()
+        if data:
+            self._write(data)
+        if self._owned and self._out is not None:
+            self._out.close()
+        self._out = None
+
+    def _lines(self) -> bytes:
+        pending = self._pending
+        if not pending:
+            return b""
+        out: list[bytes] = []
+        while pending:
+            out.append(orjson.dumps(entry_fields(pending.popleft())))
+            out.append(b"\n")
+        return b"".join(out)
+
+    def _write(self, data: bytes) -> None:
+        out = self._out
+        if out is None:
+            return
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: nothing to do
+            out.write(data)
+            out.flush()
+
+
+def entry_fields(e: _Entry) -> dict[str, Any]:
+    arrived = datetime.datetime.fromtimestamp(e.wall_end - e.e2e, datetime.UTC)
+    attempts = e.attempts
+    fields: dict[str, Any] = {
+        "time": arrived.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "request_id": e.request_id,
+        "endpoint": e.endpoint,
+        "model": e.model,
+        "stream": e.stream,
+        "status": e.status,
+        "backends": e.backends or [],
+        "attempts": attempts,
+        "retries": max(0, attempts - 1),
+        "moves": e.moves,
+        "ttft_ms": None if e.ttft is None else round(e.ttft * 1000.0, 3),
+        "e2e_ms": round(e.e2e * 1000.0, 3),
+        "prompt_tokens": None,
+        "completion_tokens": None,
+        "routed_prompt_tokens": e.routed_prompt_tokens,
+        "client_disconnect": e.status == 499,
+    }
+    answer = e.answer
+    if answer is not None:
+        usage = answer.rfind(b'"usage"')
+        if usage >= 0:
+            for name, value in _USAGE.findall(answer, usage):
+                fields[name.decode()] = int(value)
+    if e.ledger is not None:
+        fields["completion_tokens"] = len(e.ledger.generated)
+    return fields
