@@ -33,6 +33,23 @@ def error_body(message: str, type: str, param: str | None, code: str | int | Non
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
+def openai_not_found(body: bytes, backend_id: str, path: str) -> bytes | None:
+    """A backend's 404 in the OpenAI error shape, or None when it already is one. vLLM answers a
+    path it does not serve with `{"detail": "Not Found"}` (FastAPI's shape), other servers with
+    plain text; OpenAI clients read `error.message`."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return None
+    said = body[:200].decode("utf-8", "replace").strip()
+    message = f"backend {backend_id} does not serve {path}: it answered 404"
+    return error_body(message + (f" ({said})" if said else ""), "not_found_error", None, 404)
+
+
 def sse_error_event(message: str, code: int = 502) -> bytes:
     """The event that ends a stream whose backend failed after the first byte."""
     return b"data: " + error_body(message, "upstream_error", None, code) + b"\n\n"

@@ -42,7 +42,7 @@ from proxy.asgi import Send, response_headers
 from proxy.assemble import Assembler
 from proxy.continuation import Movability
 from proxy.core import ProxyCore
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, openai_not_found
 from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream, receipt_header
 from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
@@ -359,9 +359,13 @@ class RequestSession(SessionMoves):
         resp = leg.resp
         status = resp.status
         if whole is not None:
+            # Only on a 404: the status is an int compare, the body is read only then.
+            shaped = openai_not_found(whole, leg.backend.id, self.path) if status == 404 else None
+            if shaped is not None:
+                whole = shaped
             self.answer = whole
             self.dispatch.prefilled()
-            headers = self._headers(leg)
+            headers = self._headers(leg, json_body=shaped is not None)
             headers.append((b"content-length", b"%d" % len(whole)))
             await self._send({"type": "http.response.start", "status": status, "headers": headers})
             await self._send({"type": "http.response.body", "body": whole})
