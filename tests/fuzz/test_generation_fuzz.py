@@ -266,11 +266,15 @@ def test_the_proxy_still_serves_after_the_fuzz(client: httpx.Client, live: LiveP
     assert live.run(live_requests()) == 0
     # Label values come from the proxy's own vocabulary, never from what clients sent: else
     # each odd request would add a series for good.
+    # `model` is a served model's name (from the backends) or "unknown", whatever the client sent.
+    served = {m["id"] for m in client.get("/v1/models").json()["data"]} | {"unknown"}
     metrics = client.get("/metrics").text
     for family in text_string_to_metric_families(metrics):
         if not family.name.startswith("fleet_proxy_"):
             continue
         for sample in family.samples:
             for name, value in sample.labels.items():
-                if name not in ("backend", "le", "worker", "workers"):
+                if name == "model":
+                    assert value in served, (sample.name, value)
+                elif name not in ("backend", "le", "worker", "workers"):
                     assert re.fullmatch(r"[a-z0-9_/]+", value), (sample.name, name, value)
