@@ -108,11 +108,15 @@ class PlannerLoop:
         return self.state
 
     async def run(self) -> None:
-        if self.state is None:
-            await self.start()
+        """Tick every `metric_pulling_interval` until cancelled. A tick that fails (the
+        connector's API unreachable, say) is logged and the next one tries again: a transient
+        fault must not end the planner."""
         while True:
             started = self.clock.now()
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("planner: a tick failed; trying again next pull")
             elapsed = self.clock.now() - started
             await asyncio.sleep(max(0.0, self.config.metric_pulling_interval - elapsed))
 
@@ -134,7 +138,12 @@ class PlannerLoop:
             self.state = state  # in progress while the connector works
             errors = await self._apply(decision)
             state = self.state
-            counts = await self._replicas()
+            try:
+                counts = await self._replicas()
+            except Exception as e:  # the change is still over: keep the counts it aimed for
+                counts = {}
+                errors.append(f"reading the replicas back: {type(e).__name__}: {e}")
+                log.warning("planner: %s", errors[-1])
             state = dataclasses.replace(
                 state,
                 prefill_replicas=counts.get(PlannerRole.PREFILL, state.prefill_replicas),

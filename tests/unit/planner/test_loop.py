@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+
+import pytest
 
 from fleet.clock import FakeClock
 from fleet.types import Role
 from planner.admin import BackendStatus, LiveRequest
 from planner.config import PlannerConfig, PlannerRole, Topology
 from planner.connector import FakeConnector, WorkerInfo
-from planner.decide import Reason
+from planner.decide import Decision, Reason
 from planner.drain import choose_victim, drain
 from planner.loop import PlannerLoop
 from tests.unit.planner.fake_admin import FakeAdmin
@@ -132,3 +135,53 @@ async def test_unreachable_proxy_is_no_sample() -> None:
         decision = await loop.tick()
     assert decision.due and not decision.apply
     assert decision.role(PlannerRole.DECODE).reason is Reason.HOLD_NO_DATA
+
+
+async def test_a_failed_read_back_does_not_leave_the_change_in_progress() -> None:
+    clock = FakeClock(0.0)
+    admin = FakeAdmin()
+    admin.add("d0", Role.DECODE, kv=0.95)
+
+    class ApiDownAfterChange(FakeConnector):
+        async def workers(self, role: PlannerRole) -> list[WorkerInfo]:
+            if self.calls:  # the change went through, then the API went away
+                raise OSError("API server unreachable")
+            return await super().workers(role)
+
+    connector = ApiDownAfterChange({PlannerRole.DECODE: 1})
+    config = PlannerConfig(
+        metric_pulling_interval=0.5, adjustment_interval=2.0, topology=Topology.AGGREGATED
+    )
+    loop = PlannerLoop(admin, connector, config, clock=clock)
+    await loop.start()
+    for _ in range(4):
+        clock.advance(0.5)
+        await loop.tick()
+    last = loop.decisions()[-1]
+    assert connector.calls == [(PlannerRole.DECODE, 2)]
+    assert any("reading the replicas back" in e for e in last.errors)
+    # The state holds what the change aimed for, and the next interval can start.
+    assert loop.state is not None
+    assert loop.state.decode_replicas == 2 and not loop.state.change_in_progress
+
+
+async def test_run_survives_a_failing_tick() -> None:
+    admin = FakeAdmin()
+    admin.add("d0", Role.DECODE, kv=0.3)
+    ticks = 0
+
+    class FlakyLoop(PlannerLoop):
+        async def tick(self) -> Decision:
+            nonlocal ticks
+            ticks += 1
+            if ticks == 1:
+                raise RuntimeError("transient")
+            if ticks == 3:
+                raise asyncio.CancelledError
+            return await super().tick()
+
+    config = PlannerConfig(metric_pulling_interval=0.001, topology=Topology.AGGREGATED)
+    loop = FlakyLoop(admin, FakeConnector({PlannerRole.DECODE: 1}), config)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(loop.run(), timeout=10)
+    assert ticks == 3 and loop.state is not None  # it went on after the failed tick
