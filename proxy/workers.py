@@ -21,7 +21,6 @@ of every backend and its own /metrics: see docs/performance.md.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -47,13 +46,13 @@ from proxy.front_door import (
     fit_open_files,
     uvicorn_config,
 )
+from proxy.parent_death import die_with_parent
 from proxy.peer_sync import WorkerSeat
 from proxy.settings import Settings
 
 # How long stopped workers may take, beyond their shutdown grace period and uvicorn's
 # backstop, to stop their background work and exit before they are killed.
 STOP_MARGIN_S = 5.0
-_PR_SET_PDEATHSIG = 1
 
 ListenMode = Literal["shared", "reuseport"]  # as Settings.worker_listen
 
@@ -98,20 +97,11 @@ def resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
     return int(family), tuple(address)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel for SIGTERM when the supervisor goes; if it already has, go now."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def worker_main(
     settings_data: dict[str, Any], seat: WorkerSeat, listen: Listen, parent: int
 ) -> None:
     """One worker process: the same server as `run_serve` in proxy/cli.py, on the shared port."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     # Ctrl-C reaches the whole process group; the supervisor passes it on as SIGTERM, once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from proxy.app import create_app
