@@ -333,6 +333,20 @@ def job(name: str) -> dict[str, Any]:
     return found
 
 
+def test_the_monitoring_images_are_the_public_ones_unless_replaced() -> None:
+    running = services("sim")
+    assert running["prometheus"]["image"] == "prom/prometheus:v3.5.0"
+    assert running["grafana"]["image"] == "grafana/grafana:12.0.0"
+    # What scripts/compose_smoke.sh sets where prom/prometheus cannot be pulled.
+    env = {"PROMETHEUS_IMAGE": "fleet-proxy/prometheus-standin", "PROMETHEUS_VERSION": "debian"}
+    replaced = services("sim", env)
+    assert replaced["prometheus"]["image"] == "fleet-proxy/prometheus-standin:debian"
+    assert replaced["grafana"]["image"] == "grafana/grafana:12.0.0"
+    assert services("sim", {"GRAFANA_IMAGE": "mirror/grafana"})["grafana"]["image"] == (
+        "mirror/grafana:12.0.0"
+    )
+
+
 def test_promtool_accepts_the_prometheus_config() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
