@@ -136,6 +136,9 @@ class Supervisor:
         self.listen_mode = listen_mode
         self.workers: list[BaseProcess] = []
         self.stopping = False
+        # `shared`: this process's copy of the socket every worker accepts on, once they have
+        # all started with theirs.
+        self._listener: socket.socket | None = None
         self._signals = 0
         # Workers finish their requests within the grace period, then exit.
         self.stop_grace = settings.shutdown_grace_period + SHUTDOWN_BACKSTOP_S + STOP_MARGIN_S
@@ -145,7 +148,16 @@ class Supervisor:
         self.stopping = True
         # A second signal: stop now, without waiting for requests to finish.
         sig = signal.SIGTERM if self._signals == 1 else signal.SIGKILL
+        self._stop_listening()
         self._signal_workers(sig)
+
+    def _stop_listening(self) -> None:
+        """Close this process's copy of the shared listening socket: once the stopping workers
+        have closed theirs, new connections are refused (a load balancer moves on) rather than
+        queued where no worker will accept them."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def _signal_workers(self, sig: int) -> None:
         for p in self.workers:
@@ -154,6 +166,7 @@ class Supervisor:
                     os.kill(p.pid, sig)
 
     def _stop_all(self, grace: float) -> None:
+        self._stop_listening()
         self._signal_workers(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in self.workers:
@@ -203,6 +216,10 @@ class Supervisor:
                 self.workers.append(p)
                 if self.stopping:
                     break
+            if shared:
+                self._listener = sock
+                if self.stopping:
+                    self._stop_listening()
             print(banner(port), flush=True)
             # A reader of the rows only (it never publishes): which workers have started.
             return self._wait(PeerLoad.attach(segment.name, 0), tmp)

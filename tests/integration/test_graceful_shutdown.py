@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.processes import refused
 
 LISTENING = re.compile(rb"fleet-proxy listening: base_url = http://127\.0\.0\.1:(\d+)/v1")
 STREAM = {"model": "fake-model", "prompt": "hello", "max_tokens": 64, "stream": True}
@@ -63,15 +64,6 @@ async def ready(base: str) -> None:
                 return
             await asyncio.sleep(0.02)
     raise AssertionError("the proxy never became ready")
-
-
-async def refused(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except ConnectionRefusedError:
-        return True
-    writer.close()
-    return False
 
 
 async def until_refused(port: int) -> None:
