@@ -1,13 +1,17 @@
 """`fleet-proxy demo`: a simulated vLLM fleet plus the proxy, in one command.
 
 The simulator runs as a child process (it gets the machine's other core); the proxy runs in
-this one. Ctrl-C, SIGTERM or SIGHUP stops both.
+this one. Ctrl-C, SIGTERM or SIGHUP stops both; should the demo die without a word (SIGKILL,
+the OOM killer), the kernel sends the simulator SIGTERM (proxy/parent_death.py), so it does
+not stay behind on its ports.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import os
 import signal
 import socket
 import subprocess
@@ -16,6 +20,7 @@ import time
 import urllib.request
 
 from proxy.cli import run_serve
+from proxy.parent_death import die_with_parent
 from proxy.settings import ConfigError, load_settings
 
 
@@ -101,7 +106,13 @@ def main(argv: list[str]) -> int:
     # SystemExit, they unwind through the `finally` below that ends it.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
-    child = subprocess.Popen(sim_cmd, stdout=subprocess.DEVNULL)
+    # Started from the main thread, before the proxy starts any other (preexec_fn runs
+    # between fork and exec, where only the forking thread exists).
+    child = subprocess.Popen(
+        sim_cmd,
+        stdout=subprocess.DEVNULL,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+    )
     try:
         wait_healthy(urls, 60.0, child)
         print(

@@ -21,7 +21,6 @@ of every backend and its own /metrics: see docs/performance.md.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -47,13 +46,13 @@ from proxy.front_door import (
     fit_open_files,
     uvicorn_config,
 )
+from proxy.parent_death import die_with_parent
 from proxy.peer_sync import WorkerSeat
 from proxy.settings import Settings
 
 # How long stopped workers may take, beyond their shutdown grace period and uvicorn's
 # backstop, to stop their background work and exit before they are killed.
 STOP_MARGIN_S = 5.0
-_PR_SET_PDEATHSIG = 1
 
 ListenMode = Literal["shared", "reuseport"]  # as Settings.worker_listen
 
@@ -98,20 +97,11 @@ def resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
     return int(family), tuple(address)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask the kernel for SIGTERM when the supervisor goes; if it already has, go now."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 def worker_main(
     settings_data: dict[str, Any], seat: WorkerSeat, listen: Listen, parent: int
 ) -> None:
     """One worker process: the same server as `run_serve` in proxy/cli.py, on the shared port."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     # Ctrl-C reaches the whole process group; the supervisor passes it on as SIGTERM, once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from proxy.app import create_app
@@ -146,6 +136,9 @@ class Supervisor:
         self.listen_mode = listen_mode
         self.workers: list[BaseProcess] = []
         self.stopping = False
+        # `shared`: this process's copy of the socket every worker accepts on, once they have
+        # all started with theirs.
+        self._listener: socket.socket | None = None
         self._signals = 0
         # Workers finish their requests within the grace period, then exit.
         self.stop_grace = settings.shutdown_grace_period + SHUTDOWN_BACKSTOP_S + STOP_MARGIN_S
@@ -155,7 +148,16 @@ class Supervisor:
         self.stopping = True
         # A second signal: stop now, without waiting for requests to finish.
         sig = signal.SIGTERM if self._signals == 1 else signal.SIGKILL
+        self._stop_listening()
         self._signal_workers(sig)
+
+    def _stop_listening(self) -> None:
+        """Close this process's copy of the shared listening socket: once the stopping workers
+        have closed theirs, new connections are refused (a load balancer moves on) rather than
+        queued where no worker will accept them."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def _signal_workers(self, sig: int) -> None:
         for p in self.workers:
@@ -164,6 +166,7 @@ class Supervisor:
                     os.kill(p.pid, sig)
 
     def _stop_all(self, grace: float) -> None:
+        self._stop_listening()
         self._signal_workers(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in self.workers:
@@ -213,6 +216,10 @@ class Supervisor:
                 self.workers.append(p)
                 if self.stopping:
                     break
+            if shared:
+                self._listener = sock
+                if self.stopping:
+                    self._stop_listening()
             print(banner(port), flush=True)
             # A reader of the rows only (it never publishes): which workers have started.
             return self._wait(PeerLoad.attach(segment.name, 0), tmp)

@@ -1,6 +1,7 @@
 """`fleet-proxy serve` and `fleet-proxy demo` as real processes on real loopback ports: the
 "listening" line only once the port is bound, a port already taken refused in one line, and
-a demo stopped by a signal taking its simulator with it."""
+a demo stopped by a signal taking its simulator with it, SIGKILL included (the kernel's
+parent-death signal ends the simulator then)."""
 
 from __future__ import annotations
 
@@ -134,7 +135,9 @@ def test_serve_on_a_taken_port_says_so_without_listening(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"]
+)
 def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
     sig: signal.Signals, tmp_path: Path
 ) -> None:

@@ -1,5 +1,7 @@
 """`fleet-proxy serve` as a real process stopped by a real SIGTERM with a stream in flight:
-within the grace period the stream ends whole while new connections are refused; past it the
+within the grace period the stream ends whole while new connections are refused and idle
+keep-alive connections are closed (so no request, /ready included, reaches the proxy after
+the signal: a load balancer sees its connection closed and the next one refused); past it the
 stream's connection is closed and the process exits."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.processes import refused
 
 LISTENING = re.compile(rb"fleet-proxy listening: base_url = http://127\.0\.0\.1:(\d+)/v1")
 STREAM = {"model": "fake-model", "prompt": "hello", "max_tokens": 64, "stream": True}
@@ -63,15 +66,6 @@ async def ready(base: str) -> None:
     raise AssertionError("the proxy never became ready")
 
 
-async def refused(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except ConnectionRefusedError:
-        return True
-    writer.close()
-    return False
-
-
 async def until_refused(port: int) -> None:
     for _ in range(200):
         if await refused(port):
@@ -86,11 +80,13 @@ def events(lines: list[str]) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def stopped_mid_stream(
-    proc: asyncio.subprocess.Process,
+    proc: asyncio.subprocess.Process, port: int | None = None
 ) -> AsyncIterator[tuple[int, list[str], AsyncIterator[str]]]:
     """A stream through the proxy, SIGTERM sent once its first line has arrived: the port,
-    the lines read so far and the rest of the stream's lines."""
-    port = await listening_port(proc)
+    the lines read so far and the rest of the stream's lines. `port`: the proxy's, when the
+    caller has read it already."""
+    if port is None:
+        port = await listening_port(proc)
     base = f"http://127.0.0.1:{port}"
     await ready(base)
     async with (
@@ -108,18 +104,43 @@ async def exit_code(proc: asyncio.subprocess.Process) -> int:
     return await asyncio.wait_for(proc.wait(), 30)
 
 
+async def ready_on(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    """GET /ready on an open keep-alive connection: the status (the connection stays open)."""
+    writer.write(b"GET /ready HTTP/1.1\r\nhost: proxy\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
+    assert length is not None and b"connection: close" not in head.lower(), head
+    await asyncio.wait_for(reader.readexactly(int(length.group(1))), 10)
+    return int(head.split(b" ", 2)[1])
+
+
 @pytest.mark.slow
-async def test_a_stream_in_flight_finishes_whole_and_new_connections_are_refused(
+async def test_a_stream_in_flight_finishes_whole_while_no_new_request_gets_in(
     tmp_path: Path,
 ) -> None:
+    # Once the signal has arrived no request reaches the proxy, on a new connection or one
+    # kept open from before it: so /ready has nothing to answer 503 to in the grace period.
     backend = FakeBackend(behaviour=Behaviour(chunks=20, chunk_delay=0.1))
     await backend.start()
     try:
         async with serving(backend.url, 30, tmp_path / "proxy.log") as proc:
-            async with stopped_mid_stream(proc) as (port, lines, rest):
-                await until_refused(port)
-                lines += [line async for line in rest]
-            got = events(lines)
+            port = await listening_port(proc)
+            await ready(f"http://127.0.0.1:{port}")
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                assert await ready_on(reader, writer) == 200
+                async with stopped_mid_stream(proc, port) as (_, lines, rest):
+                    # The proxy closes the idle connection by itself, at once: nothing was
+                    # sent on it after the signal, and it ends without a byte (well before
+                    # its keep-alive timeout, 60 s).
+                    assert await asyncio.wait_for(reader.read(), 5) == b""
+                    await until_refused(port)
+                    # ...while the stream is still in flight: it goes on, to its end.
+                    after = [line async for line in rest]
+            finally:
+                writer.close()
+            assert len(events(after)) >= 2
+            got = events(lines + after)
             assert got[-1] == "[DONE]"
             assert len(got) == 21  # every token event, then [DONE]
             assert "t19 " in got[-2]

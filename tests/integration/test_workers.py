@@ -1,6 +1,7 @@
 """`fleet-proxy serve --workers 2` as a real process tree in front of fake backends on real
 sockets: both workers serve, every answer is right, they see each other's load, an admin
-drain on one reaches the other, and no worker outlives the supervisor."""
+drain on one reaches the other, no worker outlives the supervisor, and once stopping the
+proxy refuses new connections, on either kind of listening socket."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.fake_backend import FakeBackend
-from tests.support.processes import alive
+from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.processes import alive, refused
 
 REPO = Path(__file__).resolve().parents[2]
 BANNER = re.compile(rb"base_url = http://127\.0\.0\.1:(\d+)/v1")
@@ -235,3 +236,35 @@ async def test_workers_do_not_outlive_a_killed_supervisor(backends: list[FakeBac
             return not any(alive(pid) for pid in pids)
 
         await wait_for(all_gone)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listen", ["reuseport", "shared"])
+async def test_a_stopping_proxy_refuses_new_connections_while_a_stream_finishes(
+    listen: str,
+) -> None:
+    # A connection the kernel queued on a socket no stopping worker accepts from would wait
+    # out the whole grace period: a load balancer must be refused, and move on, at once.
+    backend = FakeBackend(behaviour=Behaviour(chunks=60, chunk_delay=0.1))
+    await backend.start()
+    try:
+        async with (
+            serve([backend.url], listen=listen) as served,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            body = {"model": "fake-model", "prompt": "x", "max_tokens": 60, "stream": True}
+            async with client.stream("POST", served.url + "/v1/completions", json=body) as r:
+                lines = r.aiter_lines()
+                assert (await anext(lines)).startswith("data: ")
+                served.process.send_signal(signal.SIGTERM)
+
+                async def refusing() -> bool:
+                    return await refused(int(served.url.rsplit(":", 1)[1]))
+
+                # Within 3 s, while the stream has about 6 s to go.
+                await wait_for(refusing, within=3)
+                rest = [ln for ln in [ln async for ln in lines] if ln.startswith("data: ")]
+            assert len(rest) >= 10 and rest[-1] == "data: [DONE]"
+            assert await asyncio.wait_for(served.process.wait(), timeout=20) == 0
+    finally:
+        await backend.stop()

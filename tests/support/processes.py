@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from pathlib import Path
@@ -47,3 +48,13 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+async def refused(port: int) -> bool:
+    """Connecting to 127.0.0.1:`port` is refused now (an accepted connection is closed)."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except ConnectionRefusedError:
+        return True
+    writer.close()
+    return False

@@ -34,6 +34,7 @@ from simulator.profiles import DEFAULT_PROFILE, load_profile
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+PROMETHEUS_STANDIN = ROOT / "deploy" / "prometheus" / "Dockerfile.standin"
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "fleet-proxy.json"
 PROFILES = ("sim", "vllm")
@@ -297,8 +298,8 @@ def test_the_vllm_engines_reserve_one_gpu_each() -> None:
 # ---- the image
 
 
-def dockerfile() -> list[str]:
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+def dockerfile(path: Path = ROOT / "Dockerfile") -> list[str]:
+    text = path.read_text().replace("\\\n", " ")
     return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
@@ -331,6 +332,49 @@ def prometheus() -> dict[str, Any]:
 def job(name: str) -> dict[str, Any]:
     (found,) = [j for j in prometheus()["scrape_configs"] if j["job_name"] == name]
     return found
+
+
+def test_the_monitoring_images_are_the_public_ones_unless_replaced() -> None:
+    running = services("sim")
+    assert running["prometheus"]["image"] == "prom/prometheus:v3.5.0"
+    assert running["grafana"]["image"] == "grafana/grafana:12.0.0"
+    # What scripts/compose_smoke.sh sets where prom/prometheus cannot be pulled.
+    env = {"PROMETHEUS_IMAGE": "fleet-proxy/prometheus-standin", "PROMETHEUS_VERSION": "debian"}
+    replaced = services("sim", env)
+    assert replaced["prometheus"]["image"] == "fleet-proxy/prometheus-standin:debian"
+    assert replaced["grafana"]["image"] == "grafana/grafana:12.0.0"
+    assert services("sim", {"GRAFANA_IMAGE": "mirror/grafana"})["grafana"]["image"] == (
+        "mirror/grafana:12.0.0"
+    )
+
+
+def instruction(lines: list[str], name: str) -> str:
+    (found,) = [ln.split(None, 1)[1] for ln in lines if ln.split(None, 1)[0] == name]
+    return found
+
+
+def test_the_stand_in_prometheus_image_starts_as_the_public_one_does() -> None:
+    """The stand-in runs under docker-compose.yml's prometheus service unchanged: no command
+    of the service's own, so the image's must read the mounted configuration; the healthcheck's
+    program must be installed; the published port must be the one it listens on."""
+    lines = dockerfile(PROMETHEUS_STANDIN)
+    assert lines[0].startswith("ARG BASE_IMAGE=") and lines[1] == "FROM ${BASE_IMAGE}"
+    service = raw_compose()["services"]["prometheus"]
+    assert "command" not in service and "entrypoint" not in service
+    assert json.loads(instruction(lines, "ENTRYPOINT")) == ["/usr/bin/prometheus"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in json.loads(instruction(lines, "CMD")))
+    assert flags["config.file"] in mounts("prometheus")
+    install = instruction(lines, "RUN")
+    packages = install.split("--no-install-recommends", 1)[1].split("&&", 1)[0].split()
+    assert "prometheus" in packages
+    assert service["healthcheck"]["test"][1] in packages
+    # It runs unprivileged, and can write its data folder.
+    user = instruction(lines, "USER")
+    assert user not in {"0", "root"}
+    assert f"chown {user}:nogroup {flags['storage.tsdb.path']}" in install
+    assert instruction(lines, "WORKDIR") == flags["storage.tsdb.path"]
+    (published,) = service["ports"]
+    assert published.rsplit(":", 1)[1] == instruction(lines, "EXPOSE") == "9090"
 
 
 def test_promtool_accepts_the_prometheus_config() -> None:
