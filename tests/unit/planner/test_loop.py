@@ -14,7 +14,7 @@ from planner.config import PlannerConfig, PlannerRole, Topology
 from planner.connector import FakeConnector, WorkerInfo
 from planner.decide import Decision, Reason
 from planner.drain import choose_victim, drain
-from planner.loop import PlannerLoop
+from planner.loop import DecisionRecord, PlannerLoop
 from tests.unit.planner.fake_admin import FakeAdmin
 
 CONFIG = PlannerConfig(
@@ -96,16 +96,12 @@ async def test_kv_scales_decode_up_then_down_after_grace() -> None:
     assert set(prefill) == {Reason.HOLD_IN_BAND}
 
 
-async def test_failed_change_reads_counts_back() -> None:
+async def one_hot_adjustment(connector: FakeConnector) -> tuple[PlannerLoop, DecisionRecord]:
+    """An aggregated fleet of one decode worker at 95% KV, run through one adjustment
+    (4 pulls of 0.5 s, adjusting every 2 s): the loop and that adjustment's record."""
     clock = FakeClock(0.0)
     admin = FakeAdmin()
     admin.add("d0", Role.DECODE, kv=0.95)
-
-    class Failing(FakeConnector):
-        async def set_replicas(self, role: PlannerRole, n: int) -> None:
-            raise RuntimeError("no GPU free")
-
-    connector = Failing({PlannerRole.DECODE: 1})
     config = PlannerConfig(
         metric_pulling_interval=0.5, adjustment_interval=2.0, topology=Topology.AGGREGATED
     )
@@ -114,7 +110,16 @@ async def test_failed_change_reads_counts_back() -> None:
     for _ in range(4):
         clock.advance(0.5)
         await loop.tick()
-    last = loop.decisions()[-1]
+    return loop, loop.decisions()[-1]
+
+
+async def test_failed_change_reads_counts_back() -> None:
+    class Failing(FakeConnector):
+        async def set_replicas(self, role: PlannerRole, n: int) -> None:
+            raise RuntimeError("no GPU free")
+
+    connector = Failing({PlannerRole.DECODE: 1})
+    loop, last = await one_hot_adjustment(connector)
     assert last.decision.apply
     assert last.errors and "no GPU free" in last.errors[0]
     assert loop.state is not None
@@ -138,10 +143,6 @@ async def test_unreachable_proxy_is_no_sample() -> None:
 
 
 async def test_a_failed_read_back_does_not_leave_the_change_in_progress() -> None:
-    clock = FakeClock(0.0)
-    admin = FakeAdmin()
-    admin.add("d0", Role.DECODE, kv=0.95)
-
     class ApiDownAfterChange(FakeConnector):
         async def workers(self, role: PlannerRole) -> list[WorkerInfo]:
             if self.calls:  # the change went through, then the API went away
@@ -149,15 +150,7 @@ async def test_a_failed_read_back_does_not_leave_the_change_in_progress() -> Non
             return await super().workers(role)
 
     connector = ApiDownAfterChange({PlannerRole.DECODE: 1})
-    config = PlannerConfig(
-        metric_pulling_interval=0.5, adjustment_interval=2.0, topology=Topology.AGGREGATED
-    )
-    loop = PlannerLoop(admin, connector, config, clock=clock)
-    await loop.start()
-    for _ in range(4):
-        clock.advance(0.5)
-        await loop.tick()
-    last = loop.decisions()[-1]
+    loop, last = await one_hot_adjustment(connector)
     assert connector.calls == [(PlannerRole.DECODE, 2)]
     assert any("reading the replicas back" in e for e in last.errors)
     # The state holds what the change aimed for, and the next interval can start.
