@@ -13,10 +13,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fleet.types import Role
 from planner.admin import ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole
 from planner.connector import Connector
+from planner.connectors import backend_roles
 from planner.events import FanOut, Journal, PlannerEvents
 from planner.local import LocalSettings
 from planner.loop import PlannerLoop
@@ -89,12 +89,9 @@ def local_settings(
 ) -> LocalSettings:
     """`LocalSettings` from the options both run modes take: command templates as shell
     lines (None: the simulator), GPU ids comma-separated."""
-    backend_roles = {PlannerRole.PREFILL: Role.PREFILL, PlannerRole.DECODE: Role.DECODE}
-    if len(config.roles) == 1:  # aggregated: the workers prefill and decode
-        backend_roles[PlannerRole.DECODE] = Role.BOTH
     return LocalSettings(
         commands={role: shlex.split(cmd) for role, cmd in commands.items() if cmd},
-        backend_roles=backend_roles,
+        backend_roles=backend_roles(config),
         gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else [],
         engine_num_gpu={role: config.engine_gpus(role) for role in PlannerRole},
         state_file=state_file,
