@@ -29,12 +29,12 @@ rolling attainment) to `--plot`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import json
 import math
 import os
 import random
-import signal
 import sys
 import threading
 import time
@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench.artifacts import read_records, write_json  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
 from bench.summary import meets_slo  # noqa: E402
+from planner.local import LocalSettings, terminate  # noqa: E402
 
 cp = importlib.import_module("compare_peers")  # scripts/ is on sys.path, above
 sb = importlib.import_module("sim_bench")
@@ -196,28 +197,17 @@ def engine_seconds(timeline: list[dict[str, float]], until: float) -> float:
 
 
 def stop_workers(state_file: Path) -> None:
-    """End the planner's workers (they outlive the planner on purpose), by their PIDs."""
+    """End the planner's workers (they outlive the planner on purpose), by their PIDs: SIGTERM,
+    then SIGKILL after 5 s, as the planner itself stops a worker it did not start."""
     if not state_file.exists():
         return
     pids = [int(w["pid"]) for w in json.loads(state_file.read_text()).get("workers", [])]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                continue
-        for _ in range(50):
-            if not any(_alive(p) for p in pids):
-                return
-            time.sleep(0.1)
+    settings = LocalSettings(stop_grace_s=5.0)
 
+    async def stop_all() -> None:
+        await asyncio.gather(*(terminate(pid, None, settings) for pid in pids))
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    asyncio.run(stop_all())
 
 
 def planner_command(args: argparse.Namespace, proxy: str, out: Path, tag: str) -> list[str]:
