@@ -219,8 +219,15 @@ def start_proxy(
     # These CPU engines sometimes hold their output for seconds, and on 2 loaded cores their
     # API server may not accept a connection for as long: a stall or a slow connect here is
     # not a dead engine, and a move or retry the test did not ask for would change what it
-    # observes. (A killed engine refuses connections at once.)
-    env = {**os.environ, "FLEET_PROXY_STALL_TIMEOUT": "60", "FLEET_PROXY_CONNECT_TIMEOUT": "30"}
+    # observes. (A killed engine refuses connections at once.) A decoding engine saturates
+    # both cores, and its /metrics then takes seconds to render: a 1 s scrape timeout would
+    # leave the proxy's view stale for as long as the engine is busy.
+    env = {
+        **os.environ,
+        "FLEET_PROXY_STALL_TIMEOUT": "60",
+        "FLEET_PROXY_CONNECT_TIMEOUT": "30",
+        "FLEET_PROXY_SCRAPE_TIMEOUT": "15",
+    }
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
     proxy = Proxy(f"http://127.0.0.1:{port}", policy, process, log)
