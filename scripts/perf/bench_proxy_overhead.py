@@ -1,9 +1,11 @@
 """Measure fleet-proxy's own overhead on loopback, optionally beside the Rust vllm-router.
 
 Starts two fast fake vLLM backends (scripts/perf/fast_fake_vllm.py), fleet-proxy in front of
-them (round_robin), and with --vllm-router the PyPI `vllm-router` in front of the same two;
-then drives each target with wrk (1 thread) non-streaming (16 tokens) and streaming (64 SSE
-events) at each concurrency, and at concurrency 1 for the latency fleet-proxy adds.
+them (--policy, round_robin by default; --config adds a settings YAML such as a routing:
+section), and with --vllm-router the PyPI `vllm-router` (round_robin) in front of the same two;
+then drives each target with wrk (--wrk-threads, 1 by default) non-streaming (16 tokens) and
+streaming (64 SSE events) at each concurrency, and at concurrency 1 for the latency
+fleet-proxy adds.
 Everything runs on this machine, so compare figures within one run only.
 
     python scripts/perf/bench_proxy_overhead.py [--vllm-router] [--duration 8] [--workers N]
@@ -119,6 +121,7 @@ def wrk(
     stream: bool,
     lua_dir: Path,
     headers: dict[str, str] | None = None,
+    threads: int = 1,
 ) -> dict[str, float]:
     script = lua_dir / ("stream.lua" if stream else "plain.lua")
     if not script.exists():
@@ -129,7 +132,7 @@ def wrk(
     out = subprocess.run(
         [
             "wrk",
-            "-t1",
+            f"-t{min(threads, concurrency)}",
             f"-c{concurrency}",
             f"-d{max(1, round(duration))}s",
             "--latency",
@@ -166,6 +169,17 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 128])
     p.add_argument("--vllm-router", action="store_true", help="also measure PyPI vllm-router")
     p.add_argument("--workers", type=int, default=1, help="fleet-proxy worker processes")
+    p.add_argument(
+        "--policy",
+        default="round_robin",
+        help="fleet-proxy's --policy (vllm-router always runs round_robin)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="a fleet-proxy settings YAML (e.g. a routing: section) passed as --config",
+    )
+    p.add_argument("--wrk-threads", type=int, default=1, help="wrk's -t (client threads)")
     p.add_argument(
         "--worker-listen",
         choices=["shared", "reuseport"],
@@ -217,6 +231,9 @@ def main() -> int:
     results: dict[str, object] = {
         "duration_s": args.duration,
         "workers": args.workers,
+        "policy": args.policy,
+        "config": str(args.config) if args.config else None,
+        "wrk_threads": args.wrk_threads,
         "worker_listen": args.worker_listen,
         "load_average_before": os.getloadavg()[0],
         "runs": [],
@@ -241,10 +258,12 @@ def main() -> int:
             "--port",
             str(proxy_port),
             "--policy",
-            "round_robin",
+            args.policy,
             "--log-level",
             "warning",
         ]
+        if args.config:
+            fleet_cmd += ["--config", str(args.config)]
         for b in backends:
             fleet_cmd += ["--backend", b]
         if args.workers > 1:
@@ -287,7 +306,15 @@ def main() -> int:
                     split = name == "fleet-proxy" and args.workers > 1
                     dispatched = worker_dispatched(base) if split else []
                     before = cpu_seconds(pid) if pid else 0.0
-                    r = wrk(base + "/v1/completions", c, args.duration, stream, lua_dir, headers)
+                    r = wrk(
+                        base + "/v1/completions",
+                        c,
+                        args.duration,
+                        stream,
+                        lua_dir,
+                        headers,
+                        args.wrk_threads,
+                    )
                     cpu = (cpu_seconds(pid) - before) if pid else 0.0
                     row = {
                         "target": name,
