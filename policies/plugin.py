@@ -21,6 +21,7 @@ from typing import Protocol
 from fleet.prefix import PrefixIndex, PrefixMatch
 from fleet.types import Backend
 from policies.base import Decision, RequestContext
+from policies.latency import LatencyCycle
 
 _NO_MATCH = PrefixMatch(0, MappingProxyType({}), 1)  # read-only: shared by every request
 
@@ -54,6 +55,8 @@ class SchedulingRequest:
     receipt: dict[str, dict[str, float]] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     timer: PluginTimer | None = None
+    # Latency predictions and the SLO, made by the first latency-aware plugin to ask.
+    latency: LatencyCycle | None = None
     _hashes: list[int] | None = None
     _match: PrefixMatch | None = None
     _uncached: dict[str, int] | None = None

@@ -23,6 +23,7 @@ from policies.filters.labels import (
     prefill_filter,
 )
 from policies.filters.prefix_affinity import PrefixAffinityParams, PrefixCacheAffinityFilter
+from policies.filters.slo_tier import SloHeadroomTierFilter, SloTierParams
 from policies.handlers.disagg import DisaggParams, DisaggProfileHandler
 from policies.handlers.single import SingleProfileHandler, SingleProfileParams
 from policies.pickers.autellix import AutellixParams, AutellixPicker
@@ -34,6 +35,7 @@ from policies.pickers.unified import UnifiedParams, UnifiedPicker
 from policies.plugin import RoutingServices
 from policies.profile import Profile, WeightedScorer
 from policies.scheduler import Scheduler
+from policies.scorers.latency import LatencyScorer, LatencyScorerParams
 from policies.scorers.load import (
     KvCacheUtilizationScorer,
     QueueDepthScorer,
@@ -80,6 +82,9 @@ def plugin_types() -> dict[str, PluginType]:
             "filter", NoParams, lambda p, s, n: prefill_filter(n)
         ),
         "decode-endpoints-filter": PluginType("filter", NoParams, lambda p, s, n: decode_filter(n)),
+        "slo-headroom-tier-filter": PluginType(
+            "filter", SloTierParams, lambda p, s, n: SloHeadroomTierFilter(p, n)
+        ),
         # scorers
         "queue-depth-scorer": PluginType("scorer", NoParams, lambda p, s, n: QueueDepthScorer(n)),
         "kv-cache-utilization-scorer": PluginType(
@@ -96,6 +101,9 @@ def plugin_types() -> dict[str, PluginType]:
             "scorer", SessionAffinityParams, lambda p, s, n: SessionAffinityScorer(p, n)
         ),
         "no-hit-lru-scorer": PluginType("scorer", NoParams, lambda p, s, n: NoHitLruScorer(s, n)),
+        "latency-scorer": PluginType(
+            "scorer", LatencyScorerParams, lambda p, s, n: LatencyScorer(p, n)
+        ),
         # pickers
         "max-score-picker": PluginType(
             "picker", SeedParams, lambda p, s, n: MaxScorePicker(p.seed, n)
