@@ -42,6 +42,7 @@ from policies.scorers.load import (
     RunningRequestsScorer,
     TokenLoadScorer,
 )
+from policies.scorers.lora import LoraAffinityScorer
 from policies.scorers.no_hit_lru import NoHitLruScorer
 from policies.scorers.prefix import PrefixCacheScorer
 from policies.scorers.session import SessionAffinityParams, SessionAffinityScorer
@@ -101,6 +102,9 @@ def plugin_types() -> dict[str, PluginType]:
             "scorer", SessionAffinityParams, lambda p, s, n: SessionAffinityScorer(p, n)
         ),
         "no-hit-lru-scorer": PluginType("scorer", NoParams, lambda p, s, n: NoHitLruScorer(s, n)),
+        "lora-affinity-scorer": PluginType(
+            "scorer", NoParams, lambda p, s, n: LoraAffinityScorer(n)
+        ),
         "latency-scorer": PluginType(
             "scorer", LatencyScorerParams, lambda p, s, n: LatencyScorer(p, n)
         ),
