@@ -235,7 +235,10 @@ def build_routing(config: Mapping[str, Any]) -> Scheduler:
         raise RoutingConfigError("routing config needs `policy`, or `plugins` and `profiles`")
 
     types = plugin_types()
-    services = RoutingServices(cfg.prefix_index.chars_per_block, cfg.prefix_index.capacity_blocks)
+    pi = cfg.prefix_index
+    services = RoutingServices(
+        pi.chars_per_block, pi.capacity_blocks, pi.max_blocks, pi.auto_capacity
+    )
     plugins: dict[str, tuple[Kind, object]] = {}
     for pc in cfg.plugins:
         name = pc.name or pc.type
