@@ -43,7 +43,7 @@ from policies.scorers.load import (
     TokenLoadScorer,
 )
 from policies.scorers.lora import LoraAffinityScorer
-from policies.scorers.no_hit_lru import NoHitLruScorer
+from policies.scorers.no_hit_lru import NoHitLruParams, NoHitLruScorer
 from policies.scorers.prefix import PrefixCacheScorer
 from policies.scorers.session import SessionAffinityParams, SessionAffinityScorer
 
@@ -101,7 +101,9 @@ def plugin_types() -> dict[str, PluginType]:
         "session-affinity-scorer": PluginType(
             "scorer", SessionAffinityParams, lambda p, s, n: SessionAffinityScorer(p, n)
         ),
-        "no-hit-lru-scorer": PluginType("scorer", NoParams, lambda p, s, n: NoHitLruScorer(s, n)),
+        "no-hit-lru-scorer": PluginType(
+            "scorer", NoHitLruParams, lambda p, s, n: NoHitLruScorer(s, n, p.lru_size)
+        ),
         "lora-affinity-scorer": PluginType(
             "scorer", NoParams, lambda p, s, n: LoraAffinityScorer(n)
         ),
