@@ -26,6 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet.prefix import DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_PER_BLOCK
 
 
+class RoutingConfigError(ValueError):
+    """A routing configuration that cannot be built; the message says what is known."""
+
+
 class PluginConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     type: str

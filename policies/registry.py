@@ -1,7 +1,8 @@
 """One registry: plugin type -> (params model, factory); and the builders the proxy calls.
 
 - `build_policy(name, params)`: a whole algorithm by name (`--policy lmetric`);
-- `build_routing(config)`: the YAML `routing:` section (plugins, profiles, handler).
+- `build_routing(config)`: the YAML `routing:` section (plugins, profiles, handler), or an
+  llm-d EndpointPickerConfig in its place.
 Both return a `Scheduler`. Every configuration error is a `RoutingConfigError` (a ValueError)
 whose message lists what is known, so start-up fails with something actionable.
 """
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from policies.base import Policy
 from policies.config import RoutingConfig, ScorerRef
+from policies.config import RoutingConfigError as RoutingConfigError  # its home for callers
+from policies.epp.config import is_epp_config, translate
 from policies.filters.labels import (
     LabelSelectorFilter,
     LabelSelectorParams,
@@ -51,10 +54,6 @@ Kind = Literal["filter", "scorer", "picker", "handler"]
 # (validated params, shared services, instance name) -> plugin
 Factory = Callable[[Any, RoutingServices, str], object]
 PolicyFactory = Callable[[Mapping[str, Any]], Policy]
-
-
-class RoutingConfigError(ValueError):
-    """A routing configuration that cannot be built; the message says what is known."""
 
 
 class UnknownPolicy(RoutingConfigError):
@@ -217,7 +216,10 @@ def _errors(e: ValidationError) -> str:
 
 
 def build_routing(config: Mapping[str, Any]) -> Scheduler:
-    """Build the policy of a `routing:` config section; raise RoutingConfigError."""
+    """Build the policy of a `routing:` config section, native or llm-d's
+    EndpointPickerConfig (policies/epp/); raise RoutingConfigError."""
+    if is_epp_config(config):
+        config = translate(config, {t: spec.kind for t, spec in plugin_types().items()})
     try:
         cfg = RoutingConfig.model_validate(dict(config))
     except ValidationError as e:
