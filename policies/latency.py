@@ -20,9 +20,10 @@ request or token was observed in it, else everything since the engine started):
 - TPOT = ITL x ((1 - s) + s x B / B_obs), with B = running + waiting + 1 (this request) and
   s = `itl_batch_share`, the part of a step's time that grows with the batch (1: linear in
   the batch; decode on a GPU is mostly a fixed cost per step, so the default is 0.25).
-An engine with no observation of R, ITL or tokens per request yet takes the median of the
-candidates that have one, else the configured default (R, ITL) or this request's prompt
-tokens (tokens per request): a fresh engine is assumed to be like its peers.
+An engine with no observation of R, ITL (with its B_obs) or tokens per request yet takes the
+median of the candidates that have one, else the configured default (R, ITL at batch 1) or
+this request's prompt tokens (tokens per request): a fresh engine is assumed to be like its
+peers.
 """
 
 from __future__ import annotations
@@ -161,12 +162,14 @@ def fill_unobserved(
     """Every unobserved rate replaced by the median of the observed ones, else the default."""
     prefill = _median_or([r.prefill_tokens_per_s for r in rates], prefill_tokens_per_s)
     itl = _median_or([r.itl_s for r in rates], itl_s)
+    # a borrowed ITL comes with the batch it was observed at
+    itl_batch = _median_or([r.itl_batch for r in rates if r.itl_s is not None], 1.0)
     per_request = _median_or([r.tokens_per_request for r in rates], tokens_per_request)
     return [
         Speed(
             prefill if r.prefill_tokens_per_s is None else r.prefill_tokens_per_s,
             itl if r.itl_s is None else r.itl_s,
-            r.itl_batch,
+            itl_batch if r.itl_s is None else r.itl_batch,
             per_request if r.tokens_per_request is None else r.tokens_per_request,
         )
         for r in rates

@@ -92,7 +92,8 @@ def test_unobserved_rates_take_the_peers_median_else_the_defaults() -> None:
     ]
     filled = fill_unobserved(rates, 1000.0, 0.1, 77.0)
     assert filled[0] == Speed(4000.0, 0.02, 2.0, 500.0)
-    assert filled[1] == Speed(6000.0, 0.03, 1.0, 1000.0)
+    # the borrowed ITL keeps the batch it was observed at: median of 2 and 1
+    assert filled[1] == Speed(6000.0, 0.03, 1.5, 1000.0)
     assert fill_unobserved([Rates(None, None, 1.0, None)], 1000.0, 0.1, 77.0) == [
         Speed(1000.0, 0.1, 1.0, 77.0)
     ]
