@@ -68,6 +68,18 @@ class EngineMetrics:
     output_len_count: float = 0.0
     ttft_sum: float = 0.0  # seconds
     ttft_count: float = 0.0
+    # Per finished request: seconds in the prefill phase (vllm:request_prefill_time_seconds)
+    # and prompt tokens computed rather than found in a cache
+    # (vllm:request_prefill_kv_computed_tokens); their deltas' ratio is a prefill rate.
+    prefill_time_sum: float = 0.0
+    prefill_time_count: float = 0.0
+    prefill_computed_sum: float = 0.0
+    prefill_computed_count: float = 0.0
+    # From the latest series of vllm:lora_requests_info, when LoRA is enabled: adapters of
+    # running and of waiting requests, and the engine's max_loras.
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
+    max_lora: int | None = None
     # From vllm:cache_config_info, when published.
     block_size: int | None = None
     num_gpu_blocks: int | None = None

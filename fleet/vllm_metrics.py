@@ -25,6 +25,9 @@ PROMPT_TOKENS = ("vllm:prompt_tokens",)
 GENERATION_TOKENS = ("vllm:generation_tokens",)
 REQUEST_SUCCESS = ("vllm:request_success",)  # one series per finished_reason, summed
 CACHE_CONFIG = ("vllm:cache_config_info",)
+# One series per (max_lora, waiting, running) combination ever seen, valued with the time it
+# was last set: the largest value is the engine's latest report.
+LORA_INFO = ("vllm:lora_requests_info",)
 
 WANTED: frozenset[str] = frozenset(
     RUNNING
@@ -37,6 +40,7 @@ WANTED: frozenset[str] = frozenset(
     + GENERATION_TOKENS
     + REQUEST_SUCCESS
     + CACHE_CONFIG
+    + LORA_INFO
 )
 _SUFFIXES = ("_total", "_info")
 # One C-speed pass picks the lines of the wanted families (samples and their TYPE) out of a
@@ -63,7 +67,8 @@ _STEPS = re.compile(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (\S+)", r
 # `vllm:request_time_per_output_token_seconds` does not match (anchored).
 _HISTOGRAMS = re.compile(
     r"^vllm:(inter_token_latency_seconds|time_per_output_token_seconds"
-    r"|time_to_first_token_seconds|request_prompt_tokens|request_generation_tokens)"
+    r"|time_to_first_token_seconds|request_prompt_tokens|request_generation_tokens"
+    r"|request_prefill_time_seconds|request_prefill_kv_computed_tokens)"
     r"_(sum|count)(?:\{[^}]*\})? (\S+)",
     re.MULTILINE,
 )
@@ -104,6 +109,8 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
     block_size: int | None = None
     num_blocks: int | None = None
     prefix_caching: bool | None = None
+    lora: dict[str, str] | None = None
+    lora_at = float("-inf")
     filtered = "\n".join(relevant_lines(text)) + "\n"
     for family in text_string_to_metric_families(filtered):
         for sample in family.samples:
@@ -120,6 +127,9 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
                 enabled = labels.get("enable_prefix_caching")
                 if enabled is not None:
                     prefix_caching = enabled.lower() == "true"
+            elif base in LORA_INFO:
+                if sample.value > lora_at:
+                    lora, lora_at = labels, sample.value
             else:
                 sums[base] = sums.get(base, 0.0) + sample.value
 
@@ -141,6 +151,8 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
     prompt_sum, prompt_count = hists.get("request_prompt_tokens", (0.0, 0.0))
     output_sum, output_count = hists.get("request_generation_tokens", (0.0, 0.0))
     ttft_sum, ttft_count = hists.get("time_to_first_token_seconds", (0.0, 0.0))
+    prefill_sum, prefill_count = hists.get("request_prefill_time_seconds", (0.0, 0.0))
+    computed_sum, computed_count = hists.get("request_prefill_kv_computed_tokens", (0.0, 0.0))
     return EngineMetrics(
         running=first(RUNNING),
         waiting=first(WAITING),
@@ -160,11 +172,24 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         output_len_count=output_count,
         ttft_sum=ttft_sum,
         ttft_count=ttft_count,
+        prefill_time_sum=prefill_sum,
+        prefill_time_count=prefill_count,
+        prefill_computed_sum=computed_sum,
+        prefill_computed_count=computed_count,
+        lora_running=_adapters(lora, "running_lora_adapters"),
+        lora_waiting=_adapters(lora, "waiting_lora_adapters"),
+        max_lora=None if lora is None else _int_or_none(lora.get("max_lora")),
         block_size=block_size,
         num_gpu_blocks=num_blocks,
         enable_prefix_caching=prefix_caching,
         models=tuple(sorted(models)),
     )
+
+
+def _adapters(labels: dict[str, str] | None, key: str) -> tuple[str, ...]:
+    """A label of comma-separated adapter names (empty: none)."""
+    value = "" if labels is None else labels.get(key, "")
+    return tuple(a for a in value.split(",") if a)
 
 
 def _int_or_none(value: str | None) -> int | None:

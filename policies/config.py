@@ -2,7 +2,8 @@
 
 ```yaml
 routing:
-  prefix_index: {chars_per_block: 64, capacity_blocks: 31250}   # optional
+  prefix_index: {chars_per_block: 64, capacity_blocks: 31250}   # optional; also max_blocks,
+                                                                # auto_capacity
   plugins:
     - {type: prefix-cache-scorer, name: prefix}
     - {type: queue-depth-scorer, name: queue}
@@ -23,6 +24,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.prefix import DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_PER_BLOCK
+
+
+class RoutingConfigError(ValueError):
+    """A routing configuration that cannot be built; the message says what is known."""
 
 
 class PluginConfig(BaseModel):
@@ -50,6 +55,10 @@ class PrefixIndexConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     chars_per_block: int = Field(DEFAULT_CHARS_PER_BLOCK, ge=1)
     capacity_blocks: int = Field(DEFAULT_CAPACITY_BLOCKS, ge=1)
+    # Hash and match only the prompt's first max_blocks blocks (None: every full block).
+    max_blocks: int | None = Field(None, ge=1)
+    # Size each backend's LRU from its vllm:cache_config_info once published.
+    auto_capacity: bool = True
 
 
 class RoutingConfig(BaseModel):

@@ -21,6 +21,7 @@ from typing import Protocol
 from fleet.prefix import PrefixIndex, PrefixMatch
 from fleet.types import Backend
 from policies.base import Decision, RequestContext
+from policies.latency import LatencyCycle
 
 _NO_MATCH = PrefixMatch(0, MappingProxyType({}), 1)  # read-only: shared by every request
 
@@ -32,9 +33,19 @@ class RoutingServices:
     """What plugins of one routing configuration share: the prefix index, built on first use
     so that configurations without prefix-aware plugins never hash prompts."""
 
-    def __init__(self, chars_per_block: int, default_capacity_blocks: int) -> None:
+    def __init__(
+        self,
+        chars_per_block: int,
+        default_capacity_blocks: int,
+        max_blocks: int | None = None,
+        auto_capacity: bool = True,
+    ) -> None:
         self._chars_per_block = chars_per_block
         self._default_capacity = default_capacity_blocks
+        # Only the prompt's first max_blocks blocks are hashed and matched (None: all).
+        self.max_blocks = max_blocks
+        # Size each backend's LRU from its published cache config, not the default.
+        self.auto_capacity = auto_capacity
         self.prefix_index: PrefixIndex | None = None
 
     def use_prefix_index(self) -> PrefixIndex:
@@ -54,6 +65,8 @@ class SchedulingRequest:
     receipt: dict[str, dict[str, float]] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     timer: PluginTimer | None = None
+    # Latency predictions and the SLO, made by the first latency-aware plugin to ask.
+    latency: LatencyCycle | None = None
     _hashes: list[int] | None = None
     _match: PrefixMatch | None = None
     _uncached: dict[str, int] | None = None
@@ -68,11 +81,12 @@ class SchedulingRequest:
     def hashes(self) -> list[int]:
         if self._hashes is None:
             index = self.services.prefix_index
-            self._hashes = (
-                []
-                if index is None
-                else index.hashes(self.ctx.prompt_text, self.ctx.model, self.ctx.session_id)
-            )
+            if index is None:
+                self._hashes = []
+            else:
+                hashes = index.hashes(self.ctx.prompt_text, self.ctx.model, self.ctx.session_id)
+                cap = self.services.max_blocks
+                self._hashes = hashes if cap is None or len(hashes) <= cap else hashes[:cap]
         return self._hashes
 
     def prefix(self) -> PrefixMatch:

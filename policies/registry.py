@@ -1,7 +1,8 @@
 """One registry: plugin type -> (params model, factory); and the builders the proxy calls.
 
 - `build_policy(name, params)`: a whole algorithm by name (`--policy lmetric`);
-- `build_routing(config)`: the YAML `routing:` section (plugins, profiles, handler).
+- `build_routing(config)`: the YAML `routing:` section (plugins, profiles, handler), or an
+  llm-d EndpointPickerConfig in its place.
 Both return a `Scheduler`. Every configuration error is a `RoutingConfigError` (a ValueError)
 whose message lists what is known, so start-up fails with something actionable.
 """
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from policies.base import Policy
 from policies.config import RoutingConfig, ScorerRef
+from policies.config import RoutingConfigError as RoutingConfigError  # its home for callers
+from policies.epp.config import is_epp_config, translate
 from policies.filters.labels import (
     LabelSelectorFilter,
     LabelSelectorParams,
@@ -23,6 +26,7 @@ from policies.filters.labels import (
     prefill_filter,
 )
 from policies.filters.prefix_affinity import PrefixAffinityParams, PrefixCacheAffinityFilter
+from policies.filters.slo_tier import SloHeadroomTierFilter, SloTierParams
 from policies.handlers.disagg import DisaggParams, DisaggProfileHandler
 from policies.handlers.single import SingleProfileHandler, SingleProfileParams
 from policies.pickers.autellix import AutellixParams, AutellixPicker
@@ -34,13 +38,15 @@ from policies.pickers.unified import UnifiedParams, UnifiedPicker
 from policies.plugin import RoutingServices
 from policies.profile import Profile, WeightedScorer
 from policies.scheduler import Scheduler
+from policies.scorers.latency import LatencyScorer, LatencyScorerParams
 from policies.scorers.load import (
     KvCacheUtilizationScorer,
     QueueDepthScorer,
     RunningRequestsScorer,
     TokenLoadScorer,
 )
-from policies.scorers.no_hit_lru import NoHitLruScorer
+from policies.scorers.lora import LoraAffinityScorer
+from policies.scorers.no_hit_lru import NoHitLruParams, NoHitLruScorer
 from policies.scorers.prefix import PrefixCacheScorer
 from policies.scorers.session import SessionAffinityParams, SessionAffinityScorer
 
@@ -48,10 +54,6 @@ Kind = Literal["filter", "scorer", "picker", "handler"]
 # (validated params, shared services, instance name) -> plugin
 Factory = Callable[[Any, RoutingServices, str], object]
 PolicyFactory = Callable[[Mapping[str, Any]], Policy]
-
-
-class RoutingConfigError(ValueError):
-    """A routing configuration that cannot be built; the message says what is known."""
 
 
 class UnknownPolicy(RoutingConfigError):
@@ -80,6 +82,9 @@ def plugin_types() -> dict[str, PluginType]:
             "filter", NoParams, lambda p, s, n: prefill_filter(n)
         ),
         "decode-endpoints-filter": PluginType("filter", NoParams, lambda p, s, n: decode_filter(n)),
+        "slo-headroom-tier-filter": PluginType(
+            "filter", SloTierParams, lambda p, s, n: SloHeadroomTierFilter(p, n)
+        ),
         # scorers
         "queue-depth-scorer": PluginType("scorer", NoParams, lambda p, s, n: QueueDepthScorer(n)),
         "kv-cache-utilization-scorer": PluginType(
@@ -95,7 +100,15 @@ def plugin_types() -> dict[str, PluginType]:
         "session-affinity-scorer": PluginType(
             "scorer", SessionAffinityParams, lambda p, s, n: SessionAffinityScorer(p, n)
         ),
-        "no-hit-lru-scorer": PluginType("scorer", NoParams, lambda p, s, n: NoHitLruScorer(s, n)),
+        "no-hit-lru-scorer": PluginType(
+            "scorer", NoHitLruParams, lambda p, s, n: NoHitLruScorer(s, n, p.lru_size)
+        ),
+        "lora-affinity-scorer": PluginType(
+            "scorer", NoParams, lambda p, s, n: LoraAffinityScorer(n)
+        ),
+        "latency-scorer": PluginType(
+            "scorer", LatencyScorerParams, lambda p, s, n: LatencyScorer(p, n)
+        ),
         # pickers
         "max-score-picker": PluginType(
             "picker", SeedParams, lambda p, s, n: MaxScorePicker(p.seed, n)
@@ -203,7 +216,10 @@ def _errors(e: ValidationError) -> str:
 
 
 def build_routing(config: Mapping[str, Any]) -> Scheduler:
-    """Build the policy of a `routing:` config section; raise RoutingConfigError."""
+    """Build the policy of a `routing:` config section, native or llm-d's
+    EndpointPickerConfig (policies/epp/); raise RoutingConfigError."""
+    if is_epp_config(config):
+        config = translate(config, {t: spec.kind for t, spec in plugin_types().items()})
     try:
         cfg = RoutingConfig.model_validate(dict(config))
     except ValidationError as e:
@@ -223,7 +239,10 @@ def build_routing(config: Mapping[str, Any]) -> Scheduler:
         raise RoutingConfigError("routing config needs `policy`, or `plugins` and `profiles`")
 
     types = plugin_types()
-    services = RoutingServices(cfg.prefix_index.chars_per_block, cfg.prefix_index.capacity_blocks)
+    pi = cfg.prefix_index
+    services = RoutingServices(
+        pi.chars_per_block, pi.capacity_blocks, pi.max_blocks, pi.auto_capacity
+    )
     plugins: dict[str, tuple[Kind, object]] = {}
     for pc in cfg.plugins:
         name = pc.name or pc.type

@@ -93,7 +93,12 @@ class Scheduler:
             if backend is None:
                 continue
             snap = backend.snapshot
-            if snap is not None and snap.metrics.block_size and snap.metrics.num_gpu_blocks:
+            if (
+                self.services.auto_capacity
+                and snap is not None
+                and snap.metrics.block_size
+                and snap.metrics.num_gpu_blocks
+            ):
                 blocks = capacity_from_cache_config(
                     snap.metrics.block_size, snap.metrics.num_gpu_blocks, index.chars_per_block
                 )

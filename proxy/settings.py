@@ -112,7 +112,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     backends: list[BackendConfig] = Field(default_factory=list)
     policy: str = "least_requests"
-    # The YAML form of routing (plugins and profiles); overrides `policy` when given.
+    # The YAML form of routing (plugins and profiles, or an llm-d EndpointPickerConfig);
+    # overrides `policy` when given.
     routing: dict[str, Any] | None = None
     admin_token: SecretStr | None = None
     # --- client access control (proxy/access.py, README.md "Access control")

@@ -10,6 +10,7 @@ import sys
 from fleet.types import Role
 from simulator.faults import parse_fault_update
 from simulator.fleet import DEFAULT_MODEL, start_fleet
+from simulator.lora import parse_lora_modules
 from simulator.profiles import DEFAULT_PROFILE, Profile, available_profiles, load_profile
 
 
@@ -43,6 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine clock speed relative to real time (default 1)",
     )
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters served on top of the model, as vllm serve takes them",
+    )
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        default=1,
+        help="most distinct LoRA adapters in one batch (default 1, as vLLM)",
+    )
     p.add_argument(
         "--num-gpu-blocks",
         type=int,
@@ -132,6 +146,7 @@ async def _serve(args: argparse.Namespace) -> int:
         speed=args.speed,
         model=args.model,
         api_key=args.api_key,
+        lora=parse_lora_modules(args.lora_modules, args.max_loras),
     )
     update = _fault_update(args)
     targets = (
@@ -163,6 +178,7 @@ def main(argv: list[str]) -> int:
         _profile(args)
         _fault_update(args)
         _roles(args.role, args.engines)
+        parse_lora_modules(args.lora_modules, args.max_loras)
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2

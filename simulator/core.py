@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from simulator.kv_cache import BlockPool, chain_hashes
+from simulator.kv_cache import ROOT_HASH, BlockHash, BlockPool, chain_hashes
 from simulator.lm import DeterministicLM
 from simulator.profiles import Profile
 from simulator.request import SimRequest, Status, TokenEvent
@@ -34,6 +34,7 @@ class CoreListener:
     def on_token(self, req: SimRequest, now: float, first: bool) -> None: ...
     def on_finished(self, req: SimRequest) -> None: ...
     def on_held_expired(self, req: SimRequest) -> None: ...
+    def on_lora_state(self, running: list[str], waiting: list[str]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class EngineCore:
         tokenizer: Tokenizer,
         lm: DeterministicLM,
         listener: CoreListener | None = None,
+        max_loras: int | None = None,
     ) -> None:
         self.profile = profile
         self.tokenizer = tokenizer
@@ -83,6 +85,8 @@ class EngineCore:
         # (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT defaults to 480 s).
         self.hold_timeout_s = 480.0
         self._token_str = tokenizer.token_str
+        # LoRA on: at most this many distinct adapters in a batch (None: LoRA off).
+        self.max_loras = max_loras
 
     # ---- requests in and out -------------------------------------------------------------
     def add_request(self, req: SimRequest) -> None:
@@ -209,6 +213,8 @@ class EngineCore:
 
         if not preempted:
             skipped: list[SimRequest] = []
+            lora_cap = self.max_loras or 0
+            loras = {r.lora for r in self.running if r.lora is not None} if lora_cap else None
             while self.waiting and budget > 0 and len(self.running) < self.profile.max_num_seqs:
                 req = self.waiting[0]
                 if req.status is Status.WAITING_FOR_REMOTE_KVS:
@@ -216,10 +222,21 @@ class EngineCore:
                     continue
                 if req.ready_at > now:
                     break  # still in the API server; later arrivals are not ready either
+                lora = req.lora
+                if (
+                    loras is not None
+                    and lora is not None
+                    and lora not in loras
+                    and len(loras) >= lora_cap
+                ):
+                    skipped.append(self.waiting.popleft())  # as vLLM: no free LoRA slot
+                    continue
                 admitted = self._admit(req, budget)
                 if admitted is None:
                     break
                 n = admitted
+                if loras is not None and lora is not None:
+                    loras.add(lora)
                 self.waiting.popleft()
                 req.status = Status.RUNNING
                 if req.first_scheduled is None:
@@ -240,6 +257,11 @@ class EngineCore:
         )
         step = Step(chunks, duration, new_tokens, context_tokens, n_prefill, n_decode, now)
         self.counters.steps += 1
+        if self.max_loras:
+            self.listener.on_lora_state(
+                list(dict.fromkeys(r.lora for r in self.running if r.lora is not None)),
+                list(dict.fromkeys(r.lora for r in self.waiting if r.lora is not None)),
+            )
         self.listener.on_step(step)
         return step
 
@@ -256,7 +278,7 @@ class EngineCore:
     # ---- internals ------------------------------------------------------------------------
     def _lookup_prefix(self, req: SimRequest, limit_tokens: int) -> list[int]:
         tokens = req.all_token_ids()
-        req.block_hashes = chain_hashes(tokens, self.block_size, req.block_hashes)
+        req.block_hashes = chain_hashes(tokens, self.block_size, req.block_hashes, _root(req))
         max_blocks = limit_tokens // self.block_size
         hits = self.pool.lookup_prefix(req.block_hashes[:max_blocks])
         queried = len(tokens)
@@ -312,7 +334,9 @@ class EngineCore:
         if full <= req.num_cached_blocks:
             return
         if len(req.block_hashes) < full:
-            req.block_hashes = chain_hashes(req.all_token_ids(), self.block_size, req.block_hashes)
+            req.block_hashes = chain_hashes(
+                req.all_token_ids(), self.block_size, req.block_hashes, _root(req)
+            )
         for b in range(req.num_cached_blocks, full):
             self.pool.cache(req.blocks[b], req.block_hashes[b])
         req.num_cached_blocks = full
@@ -409,3 +433,8 @@ class EngineCore:
 
     def iter_requests(self) -> Iterator[SimRequest]:
         return iter(self.requests.values())
+
+
+def _root(req: SimRequest) -> BlockHash:
+    """The hash chain's root: an adapter's blocks are its own, as vLLM salts them with it."""
+    return ROOT_HASH if req.lora is None else hash((ROOT_HASH, req.lora))

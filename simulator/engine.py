@@ -19,6 +19,7 @@ import aiohttp
 from simulator.core import EngineCore
 from simulator.faults import FaultState
 from simulator.lm import DeterministicLM
+from simulator.lora import LoraConfig
 from simulator.metrics import SimMetrics
 from simulator.profiles import Profile
 from simulator.request import GenerationParams, SimRequest
@@ -38,16 +39,18 @@ class Engine:
         time: SimTime,
         model_name: str,
         engine_id: str,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.profile = profile
+        self.lora = lora or LoraConfig()
         self.tokenizer = tokenizer
         self.lm = DeterministicLM(tokenizer.generatable, profile.eos_probability)
         self.time = time
         self.model_name = model_name
         self.engine_id = engine_id
         self.faults = FaultState()
-        self.metrics = SimMetrics(model_name, profile)
-        self.core = EngineCore(profile, tokenizer, self.lm, self.metrics)
+        self.metrics = SimMetrics(model_name, profile, lora=self.lora)
+        self.core = self._new_core()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
@@ -87,10 +90,14 @@ class Engine:
         """Forget every request and all cache contents, as a restarted engine would."""
         for req in list(self.core.iter_requests()):
             self.core.abort(req.request_id)
-        self.metrics = SimMetrics(self.model_name, self.profile)
-        self.core = EngineCore(self.profile, self.tokenizer, self.lm, self.metrics)
+        self.metrics = SimMetrics(self.model_name, self.profile, lora=self.lora)
+        self.core = self._new_core()
         self.core.slowdown = self.faults.settings.slowdown
         self._wake.set()
+
+    def _new_core(self) -> EngineCore:
+        max_loras = self.lora.max_loras if self.lora.enabled else None
+        return EngineCore(self.profile, self.tokenizer, self.lm, self.metrics, max_loras)
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request(

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from fleet.types import Role
 from simulator.engine import Engine
+from simulator.lora import LoraConfig
 from simulator.profiles import DEFAULT_PROFILE, Profile, load_profile
 from simulator.server import EngineServer
 from simulator.simtime import ScaledTime, SimTime
@@ -63,12 +64,14 @@ async def start_fleet(
     time: SimTime | None = None,
     tokenizer: Tokenizer | None = None,
     api_key: str | None = None,
+    lora: LoraConfig | None = None,
 ) -> SimFleet:
     """Start `engines` engines on ports base_port, base_port+1, ... (0: ephemeral ports).
 
     `role` is one role for all engines or one per engine; every engine can act on both sides
     of a P/D transfer (kv_both), the role is what the fleet reports for routing. `api_key`:
-    each engine requires it on /v1/*, as `vllm serve --api-key` does.
+    each engine requires it on /v1/*, as `vllm serve --api-key` does. `lora`: the LoRA
+    adapters every engine serves (`--lora-modules`, `--max-loras`).
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     roles = [Role(role)] * engines if isinstance(role, str | Role) else [Role(r) for r in role]
@@ -86,6 +89,7 @@ async def start_fleet(
                 time=clock,
                 model_name=model,
                 engine_id=f"sim-{i}-{port or 'auto'}",
+                lora=lora,
             )
             server = EngineServer(engine, host, port, roles[i], api_key)
             await server.start()

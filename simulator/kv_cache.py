@@ -16,11 +16,15 @@ ROOT_HASH: BlockHash = 0
 
 
 def chain_hashes(
-    token_ids: Sequence[int], block_size: int, known: Sequence[BlockHash] = ()
+    token_ids: Sequence[int],
+    block_size: int,
+    known: Sequence[BlockHash] = (),
+    root: BlockHash = ROOT_HASH,
 ) -> list[BlockHash]:
-    """Hashes of every full block of `token_ids`, reusing the already computed `known` prefix."""
+    """Hashes of every full block of `token_ids`, reusing the already computed `known` prefix;
+    `root` starts the chain (a LoRA adapter's own)."""
     hashes = list(known)
-    parent = hashes[-1] if hashes else ROOT_HASH
+    parent = hashes[-1] if hashes else root
     for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
         parent = hash((parent, tuple(token_ids[start : start + block_size])))
         hashes.append(parent)

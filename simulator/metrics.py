@@ -19,6 +19,7 @@ from prometheus_client import (
 
 from simulator.core import CoreListener, EngineCore, Step
 from simulator.fast_histogram import FastHistogram
+from simulator.lora import LoraConfig, LoraInfoGauge
 from simulator.profiles import Profile
 from simulator.request import SimRequest, Status
 
@@ -126,6 +127,7 @@ class SimMetrics(CoreListener):
         model_name: str,
         profile: Profile,
         engine_index: str = "0",
+        lora: LoraConfig | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
@@ -345,6 +347,9 @@ class SimMetrics(CoreListener):
             "vllm:nixl_num_notifications_after_expiry",
             "Number of notifications received after the KV blocks expired.",
         ).labels(*lv)
+        self.lora_info = (
+            LoraInfoGauge(r, lora.max_loras) if lora is not None and lora.enabled else None
+        )
         info = cache_config_labels(profile, engine_index)
         Gauge(
             "vllm:cache_config_info",
@@ -386,6 +391,10 @@ class SimMetrics(CoreListener):
 
     def on_held_expired(self, req: SimRequest) -> None:
         self.nixl_expired.inc()
+
+    def on_lora_state(self, running: list[str], waiting: list[str]) -> None:
+        if self.lora_info is not None:
+            self.lora_info.report(running, waiting)
 
     def on_finished(self, req: SimRequest) -> None:
         reason = req.finish_reason or "abort"

@@ -7,6 +7,7 @@ in, JSON-ready dicts out. The HTTP layer (server.py) only moves bytes.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,7 @@ class ParsedRequest:
     continuous_usage: bool
     return_token_ids: bool
     kv_transfer_params: dict[str, Any] | None
+    lora: str | None = None  # the LoRA adapter `model` names, if it names one
 
 
 def _get_int(body: dict[str, Any], key: str) -> int | None:
@@ -128,12 +130,19 @@ def completion_prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[in
 
 
 def parse_request(
-    kind: str, body: Any, tokenizer: Tokenizer, served_model: str, max_model_len: int
+    kind: str,
+    body: Any,
+    tokenizer: Tokenizer,
+    served_model: str,
+    max_model_len: int,
+    adapters: Collection[str] = (),
 ) -> ParsedRequest:
+    """`adapters`: the LoRA adapters served on top of `served_model`; `model` may name one."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     model = body.get("model", served_model)
-    if model != served_model:
+    lora = model if isinstance(model, str) and model in adapters else None
+    if model != served_model and lora is None:
         raise ApiError(
             f"The model `{model}` does not exist. Valid aliases: {served_model}.",
             status=404,
@@ -198,7 +207,7 @@ def parse_request(
     )
     return ParsedRequest(
         kind=kind,
-        model=served_model,
+        model=lora or served_model,
         prompt_ids=prompt_ids,
         params=params,
         stream=stream,
@@ -206,6 +215,7 @@ def parse_request(
         continuous_usage=bool(stream_options.get("continuous_usage_stats", False)),
         return_token_ids=bool(body.get("return_token_ids", False)),
         kv_transfer_params=kv,
+        lora=lora,
     )
 
 

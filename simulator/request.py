@@ -105,6 +105,7 @@ class SimRequest:
     do_remote_decode: bool = False
     # P/D: where the prompt's KV was pulled from (decode side), and what the prefill answered.
     kv_transfer_params: dict[str, Any] | None = None
+    lora: str | None = None  # the LoRA adapter the request names, if any
     stream: OutputStream = field(default_factory=OutputStream)
 
     def __post_init__(self) -> None:

@@ -201,38 +201,13 @@ class EngineServer:
     async def _models(self, request: web.Request) -> web.Response:
         name = self.engine.model_name
         created = int(time.time())
-        return _json(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "vllm",
-                        "root": name,
-                        "parent": None,
-                        "max_model_len": self.engine.profile.max_model_len,
-                        "permission": [
-                            {
-                                "id": f"modelperm-{uuid.uuid4().hex}",
-                                "object": "model_permission",
-                                "created": created,
-                                "allow_create_engine": False,
-                                "allow_sampling": True,
-                                "allow_logprobs": True,
-                                "allow_search_indices": False,
-                                "allow_view": True,
-                                "allow_fine_tuning": False,
-                                "organization": "*",
-                                "group": None,
-                                "is_blocking": False,
-                            }
-                        ],
-                    }
-                ],
-            }
-        )
+        base = _model_card(name, name, None, self.engine.profile.max_model_len, created)
+        # vLLM lists each LoRA adapter after the base model, with its path as root.
+        adapters = [
+            _model_card(lora, path, name, None, created)
+            for lora, path in self.engine.lora.adapters.items()
+        ]
+        return _json({"object": "list", "data": [base, *adapters]})
 
     async def _load(self, request: web.Request) -> web.Response:
         return _json({"server_load": self.in_flight})
@@ -402,7 +377,12 @@ class EngineServer:
         try:
             body = await self._read_json(request)
             p = parse_request(
-                kind, body, engine.tokenizer, engine.model_name, engine.profile.max_model_len
+                kind,
+                body,
+                engine.tokenizer,
+                engine.model_name,
+                engine.profile.max_model_len,
+                engine.lora.adapters,
             )
         except ApiError as e:
             return _json(e.body(), e.status)
@@ -414,6 +394,7 @@ class EngineServer:
         base = base.encode("utf-8", "surrogateescape").decode("latin-1")
         rid = response_id(kind, base)
         req = engine.new_request(rid, p.prompt_ids, p.params)
+        req.lora = p.lora
         kv = p.kv_transfer_params
         if kv and kv.get("do_remote_decode"):
             req.do_remote_decode = True
@@ -512,3 +493,33 @@ class EngineServer:
         with contextlib.suppress(ConnectionResetError):
             await resp.write_eof()
         return resp
+
+
+def _model_card(
+    model_id: str, root: str, parent: str | None, max_model_len: int | None, created: int
+) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-{uuid.uuid4().hex}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }

@@ -9,20 +9,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from fleet.types import Backend
 from policies.base import Decision
 from policies.plugin import RoutingServices, SchedulingRequest
 from policies.plugin_base import PluginBase
 
 
+class NoHitLruParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lru_size: int | None = Field(None, ge=1)  # backends remembered; None: every backend
+
+
 class NoHitLruScorer(PluginBase):
     type = "no-hit-lru-scorer"
 
-    def __init__(self, services: RoutingServices, name: str = "") -> None:
+    def __init__(
+        self, services: RoutingServices, name: str = "", lru_size: int | None = None
+    ) -> None:
         super().__init__(name)
         services.use_prefix_index()
-        self._last_cold: dict[str, int] = {}  # backend -> sequence number of its last cold pick
+        # backend -> sequence number of its last cold pick, least recent first
+        self._last_cold: dict[str, int] = {}
         self._seq = 0
+        self._lru_size = lru_size
 
     def score(self, req: SchedulingRequest, candidates: Sequence[Backend]) -> list[float]:
         if req.prefix().best_blocks > 0:
@@ -39,7 +50,11 @@ class NoHitLruScorer(PluginBase):
     def on_picked(self, req: SchedulingRequest, decision: Decision) -> None:
         if req.prefix().best_blocks == 0:
             self._seq += 1
-            self._last_cold[decision.target.id] = self._seq
+            last = self._last_cold
+            last.pop(decision.target.id, None)
+            last[decision.target.id] = self._seq
+            if self._lru_size is not None and len(last) > self._lru_size:
+                del last[next(iter(last))]  # forgotten: scores as never used
 
     def on_backend_removed(self, backend_id: str) -> None:
         self._last_cold.pop(backend_id, None)

@@ -65,3 +65,18 @@ def test_bad_routing_section_stops_start_up() -> None:
     settings = load_settings({"backends": ["http://127.0.0.1:9"], "routing": config})
     with pytest.raises(ValueError, match="unknown plugin type 'prefix-scorer-typo'; known types"):
         create_app(settings)
+
+
+def test_an_llmd_config_with_an_unknown_type_stops_start_up() -> None:
+    config = {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "queue-scorer"}, {"type": "active-request-scorer"}],
+    }
+    settings = load_settings({"backends": ["http://127.0.0.1:9"], "routing": config})
+    with pytest.raises(
+        ValueError,
+        match="EndpointPickerConfig: plugin 'active-request-scorer' has type "
+        "'active-request-scorer', which cannot be honoured; types honoured: ",
+    ):
+        create_app(settings)

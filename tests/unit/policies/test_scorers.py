@@ -150,3 +150,15 @@ def test_no_hit_lru_spreads_cold_requests_and_ignores_warm_ones() -> None:
     # A warm request (prefix known somewhere) gets 0.5 everywhere.
     d = policy.pick(ctx(text_blocks(2, "a"), debug=True), fleet3, 0.0)
     assert all(v["s"] == 0.5 for v in d.scores.values())
+
+
+@pytest.mark.parametrize(("lru_size", "expected"), [(None, [0.75, 0.5, 0.25]), (1, [1, 1, 0.5])])
+def test_no_hit_lru_size_bounds_the_backends_remembered(
+    lru_size: int | None, expected: list[float]
+) -> None:
+    policy = one_scorer_policy("no-hit-lru-scorer", lru_size=lru_size)
+    fleet3 = [backend(f"b{i}") for i in range(3)]
+    cold = [policy.pick(ctx(text_blocks(2, tag)), fleet3, 0.0).target.id for tag in "abc"]
+    d = policy.pick(ctx(text_blocks(2, "d"), debug=True), fleet3, 0.0)
+    # least recently used first; with room for one, only the last is remembered
+    assert [d.scores[b]["s"] for b in cold] == pytest.approx(expected)

@@ -1,0 +1,1 @@
+"""llm-d EndpointPickerConfig support: its plugin types and its document, as ours."""

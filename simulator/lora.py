@@ -1,0 +1,59 @@
+"""LoRA adapters of a simulated engine, as `vllm serve --lora-modules NAME=PATH --max-loras N`
+configures them.
+
+An adapter is a model name the engine serves on top of its base model: /v1/models lists it
+(with its path as `root` and the base model as `parent`), requests may name it, and its
+requests share no prefix-cache blocks with other adapters' (vLLM salts block hashes with the
+adapter). At most `max_loras` distinct adapters run in one batch; a waiting request for
+another adapter is skipped until a slot frees. `vllm:lora_requests_info` reports, at every
+engine step, the adapters of running and of waiting requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from prometheus_client import CollectorRegistry, Gauge
+
+
+@dataclass(frozen=True, slots=True)
+class LoraConfig:
+    adapters: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    max_loras: int = 1  # vLLM's default
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.adapters)
+
+
+def parse_lora_modules(specs: Iterable[str], max_loras: int = 1) -> LoraConfig:
+    """`NAME=PATH` entries (vLLM's plain form of --lora-modules) -> LoraConfig."""
+    adapters: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules takes NAME=PATH, got {spec!r}")
+        adapters[name] = path
+    if max_loras < 1:
+        raise ValueError("--max-loras must be at least 1")
+    return LoraConfig(MappingProxyType(adapters), max_loras)
+
+
+class LoraInfoGauge:
+    """vllm:lora_requests_info as vLLM declares it: no model or engine label, one series per
+    label combination ever reported, each set to the time of its last report."""
+
+    def __init__(self, registry: CollectorRegistry, max_loras: int) -> None:
+        self._gauge = Gauge(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            registry=registry,
+            multiprocess_mode="sum",
+        )
+        self._max = str(max_loras)
+
+    def report(self, running: Sequence[str], waiting: Sequence[str]) -> None:
+        self._gauge.labels(self._max, ",".join(waiting), ",".join(running)).set_to_current_time()
