@@ -37,6 +37,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -99,6 +101,39 @@ def worker_dispatched(base: str) -> list[int]:
         return [int(row["dispatched"]) for row in json.load(r)["rows"]]
 
 
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """`cmd` run on the given CPUs (taskset's list syntax, e.g. "0" or "2-7"), or as is."""
+    return cmd if cpus is None else ["taskset", "-c", cpus, *cmd]
+
+
+def proxy_durations(base: str) -> dict[float, float]:
+    """fleet-proxy's own request-duration histogram, summed over labels: bucket bound -> count."""
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "fleet_proxy_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return buckets
+
+
+def proxy_p99_bound_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The upper bound of the histogram bucket holding the 99th percentile of the requests
+    the proxy itself timed between two reads (from the ASGI call to the last byte written):
+    compared with the client's p99, it tells time spent in the proxy's handling from time
+    spent elsewhere (the accept queue, socket buffers, the client)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    target = 0.99 * counts[-1]
+    return next(1000 * b for b, c in zip(bounds, counts, strict=True) if c >= target)
+
+
 @contextlib.contextmanager
 def process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
@@ -122,6 +157,7 @@ def wrk(
     lua_dir: Path,
     headers: dict[str, str] | None = None,
     threads: int = 1,
+    cpus: str | None = None,
 ) -> dict[str, float]:
     script = lua_dir / ("stream.lua" if stream else "plain.lua")
     if not script.exists():
@@ -130,16 +166,19 @@ def wrk(
             lua += f'wrk.headers["{name}"] = "{value}"\n'
         script.write_text(lua)
     out = subprocess.run(
-        [
-            "wrk",
-            f"-t{min(threads, concurrency)}",
-            f"-c{concurrency}",
-            f"-d{max(1, round(duration))}s",
-            "--latency",
-            "-s",
-            str(script),
-            url,
-        ],
+        pinned(
+            [
+                "wrk",
+                f"-t{min(threads, concurrency)}",
+                f"-c{concurrency}",
+                f"-d{max(1, round(duration))}s",
+                "--latency",
+                "-s",
+                str(script),
+                url,
+            ],
+            cpus,
+        ),
         capture_output=True,
         text=True,
         timeout=duration + 60,
@@ -180,6 +219,14 @@ def main() -> int:
         help="a fleet-proxy settings YAML (e.g. a routing: section) passed as --config",
     )
     p.add_argument("--wrk-threads", type=int, default=1, help="wrk's -t (client threads)")
+    p.add_argument(
+        "--proxy-cpus",
+        help="run the router under test (fleet-proxy, and vllm-router) on these CPUs (taskset)",
+    )
+    p.add_argument(
+        "--client-cpus",
+        help="run wrk and the fake backends on these CPUs (taskset), apart from the router",
+    )
     p.add_argument(
         "--worker-listen",
         choices=["shared", "reuseport"],
@@ -234,6 +281,8 @@ def main() -> int:
         "policy": args.policy,
         "config": str(args.config) if args.config else None,
         "wrk_threads": args.wrk_threads,
+        "proxy_cpus": args.proxy_cpus,
+        "client_cpus": args.client_cpus,
         "worker_listen": args.worker_listen,
         "load_average_before": os.getloadavg()[0],
         "runs": [],
@@ -244,7 +293,9 @@ def main() -> int:
         for port in ports:
             stack.enter_context(
                 process(
-                    [py, str(HERE / "fast_fake_vllm.py"), "--port", str(port)],
+                    pinned(
+                        [py, str(HERE / "fast_fake_vllm.py"), "--port", str(port)], args.client_cpus
+                    ),
                     out_dir / f"backend-{port}.log",
                 )
             )
@@ -270,7 +321,9 @@ def main() -> int:
             fleet_cmd += ["--workers", str(args.workers)]
         if args.worker_listen:
             os.environ["FLEET_PROXY_WORKER_LISTEN"] = args.worker_listen
-        proxy = stack.enter_context(process(fleet_cmd, out_dir / "fleet-proxy.log"))
+        proxy = stack.enter_context(
+            process(pinned(fleet_cmd, args.proxy_cpus), out_dir / "fleet-proxy.log")
+        )
         wait_http(f"http://127.0.0.1:{proxy_port}/ready")
         targets: list[tuple[str, str, int | None]] = [
             ("direct", backends[0], None),
@@ -281,19 +334,22 @@ def main() -> int:
             vr_port = free_port()
             vr = stack.enter_context(
                 process(
-                    [
-                        exe,
-                        "--port",
-                        str(vr_port),
-                        "--policy",
-                        "round_robin",
-                        "--worker-urls",
-                        *backends,
-                        "--log-level",
-                        "warning",
-                        "--prometheus-port",
-                        str(free_port()),
-                    ],
+                    pinned(
+                        [
+                            exe,
+                            "--port",
+                            str(vr_port),
+                            "--policy",
+                            "round_robin",
+                            "--worker-urls",
+                            *backends,
+                            "--log-level",
+                            "warning",
+                            "--prometheus-port",
+                            str(free_port()),
+                        ],
+                        args.proxy_cpus,
+                    ),
                     out_dir / "vllm-router.log",
                 )
             )
@@ -306,6 +362,9 @@ def main() -> int:
                     split = name == "fleet-proxy" and args.workers > 1
                     dispatched = worker_dispatched(base) if split else []
                     before = cpu_seconds(pid) if pid else 0.0
+                    # One worker's /metrics is the whole proxy's only with one worker.
+                    timed = name == "fleet-proxy" and args.workers == 1
+                    durations = proxy_durations(base) if timed else {}
                     r = wrk(
                         base + "/v1/completions",
                         c,
@@ -314,22 +373,36 @@ def main() -> int:
                         lua_dir,
                         headers,
                         args.wrk_threads,
+                        args.client_cpus,
                     )
                     cpu = (cpu_seconds(pid) - before) if pid else 0.0
-                    row = {
+                    row: dict[str, object] = {
                         "target": name,
                         "stream": stream,
                         "concurrency": c,
                         **r,
                         "cpu_us_per_req": 1e6 * cpu / r["requests"] if pid else None,
                     }
+                    if timed:
+                        row["proxy_p99_le_ms"] = proxy_p99_bound_ms(
+                            durations, proxy_durations(base)
+                        )
                     if split:
                         now = worker_dispatched(base)
                         row["worker_split"] = [a - b for a, b in zip(now, dispatched, strict=True)]
                     runs.append(row)
                     print(_line(row), flush=True)
         for name, base, _pid in targets[:2]:
-            r = wrk(base + "/v1/completions", 1, args.duration / 2, False, lua_dir, headers)
+            r = wrk(
+                base + "/v1/completions",
+                1,
+                args.duration / 2,
+                False,
+                lua_dir,
+                headers,
+                1,
+                args.client_cpus,
+            )
             row = {"target": name, "stream": False, "concurrency": 1, **r, "cpu_us_per_req": None}
             runs.append(row)
             print(_line(row), flush=True)
@@ -348,6 +421,7 @@ def _line(row: dict[str, object]) -> str:
         f" {row['rps']:>9.0f} req/s  p50 {row['p50_ms']:>7.2f} ms  p99 {row['p99_ms']:>7.2f} ms"
         f"  non2xx {row['non2xx']}"
         + (f"  cpu {cpu:.0f} us/req" if cpu else "")
+        + (f"  proxy p99 <= {row['proxy_p99_le_ms']:.0f} ms" if row.get("proxy_p99_le_ms") else "")
         + (f"  workers {row['worker_split']}" if row.get("worker_split") else "")
     )
 
