@@ -10,6 +10,9 @@ stops it at the end. A ZMQ SUB socket connected to the engine's publisher record
 message while known token-id prompts go in:
 
   store                    a prompt of 2 full blocks + 10 tokens
+  aligned, aligned_repeat  a prompt of exactly 2 blocks, twice: the repeat hits only the
+                           first block (vLLM always computes the last prompt token) and
+                           stores a second copy of the other, reported again
   decode_fills_a_block     1 block + 100 tokens, 60 greedy tokens: the second block is
                            filled by generated tokens, in a later step than the first
   shared_prefix            the first block of `store`'s prompt + 200 new tokens
@@ -200,6 +203,7 @@ def capture(state: engines.TierState, out: Path) -> None:
         return [rng.randrange(100, 2000) for _ in range(n)]
 
     p_store = ids(2 * block + 10)
+    p_aligned = ids(2 * block)
     p_decode = ids(block + 100)
     p_shared = p_store[:block] + ids(200)
     p_fill, p_evict = ids(900), ids(900)
@@ -216,6 +220,13 @@ def capture(state: engines.TierState, out: Path) -> None:
 
     done = cap.step  # short alias
     done("store", "2 full blocks + 10 tokens", "/v1/completions", completion(p_store))
+    done("aligned", "exactly 2 full blocks", "/v1/completions", completion(p_aligned))
+    done(
+        "aligned_repeat",
+        "the same 2 blocks again: 1 block hits, the second is computed and stored again",
+        "/v1/completions",
+        completion(p_aligned),
+    )
     done(
         "decode_fills_a_block",
         "1 full block + 100 tokens, 60 generated: block 2 fills while decoding",
