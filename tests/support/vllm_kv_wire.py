@@ -81,8 +81,10 @@ class CacheView:
     last block computed again when repeated): each copy has its own BlockStored and its own
     BlockRemoved, so copies are counted. A request with kv_cache_report_mode=full also
     re-reports the blocks it reused, which are no new copies: apply those with
-    `re_report=True`."""
+    `re_report=True`. A view that starts after the engine did (`whole_history=False`) ignores
+    the removal of blocks stored before it started."""
 
+    whole_history: bool = True
     blocks: dict[int, StoredBlock] = field(default_factory=dict)
     copies: Counter[int] = field(default_factory=Counter)
 
@@ -95,6 +97,8 @@ class CacheView:
                 self.copies[block.block_hash] += 1
         elif event["type"] == "BlockRemoved":
             for block_hash in event["block_hashes"]:
+                if not self.whole_history and not self.copies[block_hash]:
+                    continue
                 assert self.copies[block_hash] > 0, f"removed {block_hash}, not stored"
                 self.copies[block_hash] -= 1
                 if not self.copies[block_hash]:
