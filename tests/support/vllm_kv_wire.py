@@ -22,8 +22,9 @@ import msgspec
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-# The root of vLLM's hash chain when PYTHONHASHSEED is not set (sha256 hashing, the default).
-DEFAULT_HASH_SEED = "vllm-none-hash"
+# What vLLM hashes into the root of its block-hash chain when PYTHONHASHSEED is not set (with
+# its default sha256 hashing).
+CHAIN_ROOT = "vllm-none-hash"
 
 
 @dataclass(frozen=True)
@@ -128,18 +129,18 @@ class CacheView:
 
 
 def vllm_block_hashes(
-    token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_HASH_SEED
+    token_ids: Sequence[int], block_size: int, root: str = CHAIN_ROOT
 ) -> list[int]:
     """vLLM 0.32's keys for the full blocks of `token_ids`, as its events publish them, with
     the default prefix_caching_hash_algo "sha256": each block's key is the SHA-256 of the
     pickled tuple (parent key, the block's token ids, extra keys), chained from a root key
-    (the SHA-256 of the pickled seed), and an event carries its last 8 bytes as an unsigned
+    (the SHA-256 of the pickled `root`), and an event carries its last 8 bytes as an unsigned
     integer. Only for blocks without extra keys (no LoRA, multimodal input or cache_salt)."""
 
     def sha256(value: object) -> bytes:
         return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
-    parent = sha256(seed)
+    parent = sha256(root)
     keys = []
     for i in range(len(token_ids) // block_size):
         parent = sha256((parent, tuple(token_ids[i * block_size : (i + 1) * block_size]), None))
