@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "fleet-proxy" / "real-vllm"
 HOW_TO = (
     "prepare and start it with `bash scripts/real_vllm/prepare.sh && "
-    "python3 scripts/real_vllm/engines.py start`, or run the whole tier with "
+    "python3 scripts/real_vllm/engines.py start --kv-events`, or run the whole tier with "
     "`bash scripts/real_vllm/run_tier.sh`"
 )
 
