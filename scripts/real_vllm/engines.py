@@ -1,6 +1,6 @@
 """Start, inspect and stop the real vLLM engines of the test tier.
 
-    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl]
+    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events]
     python scripts/real_vllm/engines.py status
     python scripts/real_vllm/engines.py stop
 
@@ -9,6 +9,12 @@ process group on a free loopback port, waits until every /health answers 200 and
 state file (URLs, PIDs, log paths) that the tests and the golden capture read. `stop` ends
 exactly the process groups recorded there, by PID. Paths come from the same environment
 variables as prepare.sh (FLEET_VLLM_VENV, FLEET_VLLM_MODEL_DIR) plus FLEET_VLLM_STATE.
+
+With --kv-events each engine also publishes its KV-cache events: vLLM binds a ZMQ PUB socket
+and a replay ROUTER socket on free ports (`tcp://*:PORT`, so vLLM binds rather than
+connects), and the state file records where a subscriber connects (kv_events_endpoint,
+kv_events_replay_endpoint, kv_events_topic). Those engines also run with
+VLLM_SERVER_DEV_MODE=1, for POST /reset_prefix_cache.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 4096
 CACHE = Path.home() / ".cache" / "fleet-proxy"
 NIXL_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'
+KV_EVENTS_TOPIC = "kv"
 
 
 class TierError(RuntimeError):
@@ -51,6 +58,9 @@ class Engine:
     pid: int
     log: str
     nixl_side_channel_port: int | None = None
+    # With --kv-events: where a subscriber connects (vLLM binds tcp://*:PORT).
+    kv_events_endpoint: str | None = None  # ZMQ PUB: (topic, 8-byte seq, msgpack batch)
+    kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER: replay from a sequence number
 
 
 @dataclass
@@ -62,6 +72,18 @@ class TierState:
     mode: str  # "aggregated" or "pd_nixl"
     omp_threads: int = 1
     engines: list[Engine] = field(default_factory=list)
+    kv_events_topic: str | None = None  # None: the engines publish no KV-cache events
+    num_gpu_blocks: int | None = None  # --num-gpu-blocks-override, when set
+
+
+@dataclass(frozen=True)
+class Options:
+    """How `start` configures each engine beyond the fixed tier settings."""
+
+    omp_threads: int = 1
+    kv_events: bool = False
+    max_model_len: int = MAX_MODEL_LEN
+    num_gpu_blocks: int | None = None  # a small KV cache makes a few requests evict blocks
 
 
 def venv_dir() -> Path:
@@ -99,10 +121,12 @@ def write_state(path: Path, state: TierState) -> None:
 PORT_RANGE = (20000, 32000)
 
 
-def free_port(rng: random.Random | None = None) -> int:
+def free_port(rng: random.Random | None = None, avoid: tuple[int, ...] = ()) -> int:
     rng = rng or random.Random()
     for _ in range(200):
         port = rng.randrange(*PORT_RANGE)
+        if port in avoid:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -147,7 +171,7 @@ def log_tail(path: str, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
-def engine_env(nixl_port: int | None, omp_threads: int) -> dict[str, str]:
+def engine_env(nixl_port: int | None, omp_threads: int, dev_mode: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         # vLLM would start 2 OpenMP threads per engine here; two engines spinning on 2 shared
@@ -165,10 +189,35 @@ def engine_env(nixl_port: int | None, omp_threads: int) -> dict[str, str]:
         env.update(
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(nixl_port), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1"
         )
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # POST /reset_prefix_cache (and other dev routes)
     return env
 
 
-def engine_command(venv: Path, model: Path, port: int, nixl: bool) -> list[str]:
+def kv_events_config(pub_port: int, replay_port: int) -> str:
+    """vLLM binds only endpoints with a wildcard host (or ipc/inproc): `tcp://127.0.0.1:PORT`
+    would make its PUB socket *connect* there, and a subscriber connecting to the same
+    address would never meet it. (Data-parallel rank r adds r to both ports.)"""
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub_port}",
+            "replay_endpoint": f"tcp://*:{replay_port}",
+            "topic": KV_EVENTS_TOPIC,
+        }
+    )
+
+
+def engine_command(
+    venv: Path,
+    model: Path,
+    port: int,
+    nixl: bool,
+    kv_event_ports: tuple[int, int] | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+    num_gpu_blocks: int | None = None,
+) -> list[str]:
     cmd = [
         str(venv / "bin" / "python"),
         "-m",
@@ -182,7 +231,7 @@ def engine_command(venv: Path, model: Path, port: int, nixl: bool) -> list[str]:
         "--port",
         str(port),
         "--max-model-len",
-        str(MAX_MODEL_LEN),
+        str(max_model_len),
         "--enable-prefix-caching",
         "--enforce-eager",
         "--dtype",
@@ -190,27 +239,52 @@ def engine_command(venv: Path, model: Path, port: int, nixl: bool) -> list[str]:
     ]
     if nixl:
         cmd += ["--kv-transfer-config", NIXL_CONFIG]
+    if kv_event_ports is not None:
+        cmd += ["--kv-events-config", kv_events_config(*kv_event_ports)]
+    if num_gpu_blocks is not None:
+        cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
     return cmd
 
 
 def launch(
-    venv: Path, model: Path, name: str, role: str, port: int, log_dir: Path, omp_threads: int
+    venv: Path, model: Path, name: str, role: str, port: int, log_dir: Path, options: Options
 ) -> Engine:
     ensure_port_free(port)
-    nixl_port = free_port() if role in ("prefill", "decode") else None
-    if nixl_port is not None:
-        ensure_port_free(nixl_port)
+    taken: tuple[int, ...] = (port,)
+    nixl_port = None
+    if role in ("prefill", "decode"):
+        nixl_port = free_port(avoid=taken)
+        taken += (nixl_port,)
+    kv_ports = None
+    if options.kv_events:
+        pub = free_port(avoid=taken)
+        kv_ports = (pub, free_port(avoid=(*taken, pub)))
+    for extra in (nixl_port, *(kv_ports or ())):
+        if extra is not None:
+            ensure_port_free(extra)
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            engine_command(venv, model, port, nixl_port is not None),
+            engine_command(
+                venv,
+                model,
+                port,
+                nixl_port is not None,
+                kv_ports,
+                options.max_model_len,
+                options.num_gpu_blocks,
+            ),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=engine_env(nixl_port, omp_threads),
+            env=engine_env(nixl_port, options.omp_threads, dev_mode=options.kv_events),
             start_new_session=True,  # its own process group, so stop ends the engine core too
         )
-    return Engine(name, role, port, f"http://127.0.0.1:{port}", proc.pid, str(log), nixl_port)
+    engine = Engine(name, role, port, f"http://127.0.0.1:{port}", proc.pid, str(log), nixl_port)
+    if kv_ports is not None:
+        engine.kv_events_endpoint = f"tcp://127.0.0.1:{kv_ports[0]}"
+        engine.kv_events_replay_endpoint = f"tcp://127.0.0.1:{kv_ports[1]}"
+    return engine
 
 
 def healthy(url: str) -> bool:
@@ -225,7 +299,7 @@ def died_reason(engine: Engine) -> str:
     tail = log_tail(engine.log)
     hint = ""
     if "Address already in use" in tail:
-        hint = f" (port {engine.port} or its side-channel port was taken by another process)"
+        hint = f" (port {engine.port} or one of its other ports was taken by another process)"
     elif "No module named 'vllm'" in tail:
         hint = " (vLLM is not installed in the venv: run scripts/real_vllm/prepare.sh)"
     elif "nixl" in tail.lower() and "No module named" in tail:
@@ -245,6 +319,7 @@ def wait_ready(engines: list[Engine], timeout: float) -> None:
             if child_exited(engine.pid):
                 raise TierError(died_reason(engine))
             if healthy(engine.url):
+                check_kv_event_sources(engine)
                 print(f"[real-vllm] {engine.name} ready at {engine.url}", file=sys.stderr)
                 pending.remove(engine)
         if pending and time.monotonic() > deadline:
@@ -253,6 +328,25 @@ def wait_ready(engines: list[Engine], timeout: float) -> None:
             raise TierError(f"not ready after {timeout:.0f} s: {names}\n{tails}")
         if pending:
             time.sleep(1.0)
+
+
+def check_kv_event_sources(engine: Engine) -> None:
+    """An engine started with KV events must report the publisher it bound (GET
+    /kv_event_sources: one config per data-parallel rank)."""
+    if engine.kv_events_endpoint is None:
+        return
+    try:
+        with urllib.request.urlopen(f"{engine.url}/kv_event_sources", timeout=10) as resp:
+            sources = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise TierError(f"{engine.name}: GET /kv_event_sources failed: {exc}") from exc
+    port = engine.kv_events_endpoint.rsplit(":", 1)[1]
+    endpoint = (sources.get("0") or {}).get("endpoint")
+    if endpoint != f"tcp://*:{port}":
+        raise TierError(
+            f"{engine.name}: /kv_event_sources reports {sources!r}, expected a publisher bound "
+            f"on tcp://*:{port}; log {engine.log}"
+        )
 
 
 def post_json(url: str, body: dict[str, object], timeout: float) -> dict[str, object]:
@@ -347,8 +441,17 @@ def stop_engine(engine: Engine, launched_here: bool = False, grace: float = 20.0
         os.waitpid(pgid, 0)
 
 
-def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierState:
-    venv, model, path = venv_dir(), model_dir(), state_path(pd_nixl)
+def start(
+    count: int,
+    pd_nixl: bool,
+    timeout: float,
+    options: Options,
+    path: Path | None = None,
+) -> TierState:
+    """Start the engines and write the state file (`path`, default: by mode, from the
+    environment)."""
+    venv, model = venv_dir(), model_dir()
+    path = path or state_path(pd_nixl)
     if not (venv / "bin" / "python").exists():
         raise TierError(f"no vLLM venv at {venv}: run scripts/real_vllm/prepare.sh first")
     if not (model / "fleet-proxy-recipe.json").exists():
@@ -369,7 +472,7 @@ def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierSt
         raise TierError(f"engines from {path} still run: run `engines.py stop` first")
     for attempt in range(1, 4):
         try:
-            return start_once(venv, model, path, count, pd_nixl, timeout, omp_threads)
+            return start_once(venv, model, path, count, pd_nixl, timeout, options)
         except PortTaken as exc:
             if attempt == 3:
                 raise
@@ -378,7 +481,7 @@ def start(count: int, pd_nixl: bool, timeout: float, omp_threads: int) -> TierSt
 
 
 def start_once(
-    venv: Path, model: Path, path: Path, count: int, pd_nixl: bool, timeout: float, omp_threads: int
+    venv: Path, model: Path, path: Path, count: int, pd_nixl: bool, timeout: float, options: Options
 ) -> TierState:
     roles = ["prefill", "decode"] if pd_nixl else ["both"] * count
     log_dir = path.parent / "logs"
@@ -387,14 +490,16 @@ def start_once(
         str(venv),
         str(model),
         SERVED_MODEL_NAME,
-        MAX_MODEL_LEN,
+        options.max_model_len,
         "pd_nixl" if pd_nixl else "aggregated",
-        omp_threads=omp_threads,
+        omp_threads=options.omp_threads,
+        kv_events_topic=KV_EVENTS_TOPIC if options.kv_events else None,
+        num_gpu_blocks=options.num_gpu_blocks,
     )
     try:
         for i, role in enumerate(roles):
             name = f"engine-{i}" if role == "both" else f"{role}-{i}"
-            state.engines.append(launch(venv, model, name, role, free_port(), log_dir, omp_threads))
+            state.engines.append(launch(venv, model, name, role, free_port(), log_dir, options))
             write_state(path, state)  # recorded at once, so `stop` works even if start fails
         wait_ready(state.engines, timeout)
         if pd_nixl:
@@ -430,8 +535,12 @@ def status(pd_nixl: bool) -> int:
     for e in state.engines:
         alive, up = is_our_engine(e.pid), healthy(e.url)
         ok &= up
+        events = ""
+        if e.kv_events_endpoint:
+            events = f" kv_events={e.kv_events_endpoint} replay={e.kv_events_replay_endpoint}"
         print(
-            f"{e.name} role={e.role} url={e.url} pid={e.pid} alive={alive} healthy={up} log={e.log}"
+            f"{e.name} role={e.role} url={e.url} pid={e.pid} alive={alive} healthy={up}"
+            f"{events} log={e.log}"
         )
     return 0 if ok else 1
 
@@ -452,6 +561,19 @@ def main(argv: list[str]) -> int:
         default=int(os.environ.get("FLEET_VLLM_OMP_THREADS", "1")),
         help="OpenMP threads per engine (default 1, env FLEET_VLLM_OMP_THREADS)",
     )
+    p_start.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="publish KV-cache events (ZMQ PUB + replay on free ports, in the state file)",
+    )
+    p_start.add_argument(
+        "--max-model-len", type=int, default=MAX_MODEL_LEN, help=f"default {MAX_MODEL_LEN}"
+    )
+    p_start.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        help="KV-cache blocks per engine (--num-gpu-blocks-override; default: from memory)",
+    )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
     p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")
     p_status = sub.add_parser("status", help="print the engines and whether they answer /health")
@@ -460,7 +582,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "start":
-            state = start(args.count, args.pd_nixl, args.timeout, args.omp_threads)
+            options = Options(
+                omp_threads=args.omp_threads,
+                kv_events=args.kv_events,
+                max_model_len=args.max_model_len,
+                num_gpu_blocks=args.num_gpu_blocks,
+            )
+            state = start(args.count, args.pd_nixl, args.timeout, options)
             print(state_path(args.pd_nixl))
             return 0 if state.engines else 1
         if args.cmd == "stop":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole real-vLLM tier, as CI runs it: prepare (the install is kept between runs), start
-# two engines, run the tests marked real_vllm, stop the engines whatever happens.
+# two engines (with KV-cache events), run the tests marked real_vllm, stop the engines
+# whatever happens.
 #   --with-pd   then also the prefill/decode pair with NixlConnector and its test
 # A missing tier fails here instead of skipping (FLEET_REAL_VLLM_REQUIRED=1 and, with
 # --with-pd, FLEET_REAL_VLLM_PD_REQUIRED=1). PYTEST (default: the repo's .venv/bin/pytest)
@@ -23,7 +24,8 @@ cd "$repo"
 
 if [[ "$with_pd" == 1 ]]; then bash "$here/prepare.sh" --with-nixl; else bash "$here/prepare.sh"; fi
 
-engines start --count 2 >/dev/null
+# --kv-events: vLLM's KV-cache event publishers too, for test_kv_events.py.
+engines start --count 2 --kv-events >/dev/null
 FLEET_REAL_VLLM_REQUIRED=1 "$pytest_bin" -m real_vllm tests/real_vllm -v \
   --ignore tests/real_vllm/test_pd_nixl.py --ignore tests/real_vllm/test_engine_kill.py
 # Last on these engines: it SIGKILLs one of them mid-stream.

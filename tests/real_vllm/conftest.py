@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_vllm.tier import Proxy, Tier, load_tier, start_proxy, state_file
+from tests.real_vllm.tier import (
+    HOW_TO_KV_EVENTS,
+    Proxy,
+    Tier,
+    load_tier,
+    start_proxy,
+    state_file,
+    unavailable,
+)
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +25,16 @@ def tier() -> Tier:
     if len(t.engines) < 2:
         pytest.skip("the tier runs fewer than 2 engines; start it with --count 2")
     return t
+
+
+@pytest.fixture(scope="session")
+def kv_events_tier(tier: Tier) -> Tier:
+    """The ordinary pair, started with KV-cache events (engines.py start --kv-events)."""
+    if tier.kv_events_topic is None or any(e.kv_events_endpoint is None for e in tier.engines):
+        unavailable(
+            f"the tier's engines publish no KV-cache events; {HOW_TO_KV_EVENTS}", "aggregated"
+        )
+    return tier
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "fleet-proxy" / "real-vllm"
 HOW_TO = (
     "prepare and start it with `bash scripts/real_vllm/prepare.sh && "
-    "python3 scripts/real_vllm/engines.py start`, or run the whole tier with "
+    "python3 scripts/real_vllm/engines.py start --kv-events`, or run the whole tier with "
     "`bash scripts/real_vllm/run_tier.sh`"
+)
+
+HOW_TO_KV_EVENTS = (
+    "start the engines with KV-cache events: `python3 scripts/real_vllm/engines.py start "
+    "--kv-events` (run_tier.sh does)"
 )
 
 HOW_TO_PD = (
@@ -56,6 +61,9 @@ class Engine:
     pid: int
     log: str
     nixl_side_channel_port: int | None = None
+    # Started with `engines.py start --kv-events`: vLLM's KV-event PUB and replay sockets.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     @property
     def backend_id(self) -> str:
@@ -76,6 +84,7 @@ class Tier:
     model: str
     model_dir: Path
     max_model_len: int
+    kv_events_topic: str | None = None  # None: the engines publish no KV-cache events
 
     def by_backend_id(self, backend_id: str) -> Engine:
         for e in self.engines:
@@ -99,7 +108,16 @@ def load_tier(state_file: Path, mode: str) -> Tier:
             f"{state_file} describes a {raw.get('mode')!r} tier, these tests need {mode!r}", mode
         )
     engines = tuple(
-        Engine(e["name"], e["role"], e["url"], e["pid"], e["log"], e.get("nixl_side_channel_port"))
+        Engine(
+            e["name"],
+            e["role"],
+            e["url"],
+            e["pid"],
+            e["log"],
+            e.get("nixl_side_channel_port"),
+            e.get("kv_events_endpoint"),
+            e.get("kv_events_replay_endpoint"),
+        )
         for e in raw["engines"]
     )
     for e in engines:
@@ -113,7 +131,13 @@ def load_tier(state_file: Path, mode: str) -> Tier:
                 f"engine {e.name} at {e.url} does not answer /health (log: {e.log}); {how_to}",
                 mode,
             )
-    return Tier(engines, raw["served_model_name"], Path(raw["model_dir"]), raw["max_model_len"])
+    return Tier(
+        engines,
+        raw["served_model_name"],
+        Path(raw["model_dir"]),
+        raw["max_model_len"],
+        raw.get("kv_events_topic"),
+    )
 
 
 def state_file(env: str, default_name: str) -> Path:
