@@ -41,11 +41,12 @@ def home(key: str, candidates: Sequence[Backend]) -> Backend:
     the order of `candidates`; raises ValueError when there is none."""
     if not candidates:
         raise ValueError("no candidates to home a key on")
-    seed = key_seed(key)
+    seed = xxh3_64_intdigest(key.encode("utf-8", "surrogatepass"))
     best, best_id, best_w = candidates[0], "", -1  # every weight beats -1
     for b in candidates:
         bid = b.spec.id
-        w = weight(seed, bid)
+        # `weight`, written out: a call per candidate was most of a pick's cost.
+        w = xxh3_64_intdigest(bid.encode("utf-8", "surrogatepass"), seed)
         if w > best_w or (w == best_w and bid < best_id):
             best, best_id, best_w = b, bid, w
     return best
