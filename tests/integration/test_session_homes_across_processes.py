@@ -94,7 +94,9 @@ async def test_every_worker_sends_a_session_to_its_home(fleet: SimFleet, tmp_pat
                 assert await ask(served.url, session, prompt(session, turn)) == want
                 sent += 1
                 after = await dispatched(served, sent)
-                (worker,) = [w for w, (a, b) in enumerate(zip(after, before, strict=True)) if a != b]
+                (worker,) = [
+                    w for w, (a, b) in enumerate(zip(after, before, strict=True)) if a != b
+                ]
                 workers_of[session].add(worker)
                 before = after
     assert all(n > 0 for n in before), f"one worker served nothing: {before}"
