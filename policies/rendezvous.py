@@ -41,7 +41,7 @@ def home(key: str, candidates: Sequence[Backend]) -> Backend:
     the order of `candidates`; raises ValueError when there is none."""
     if not candidates:
         raise ValueError("no candidates to home a key on")
-    seed = xxh3_64_intdigest(key.encode("utf-8", "surrogatepass"))
+    seed = key_seed(key)
     best, best_id, best_w = candidates[0], "", -1  # every weight beats -1
     for b in candidates:
         bid = b.spec.id
