@@ -14,8 +14,9 @@ returns when all have ended; a worker that ends on its own stops the rest and th
 exits non-zero naming it. Workers also get SIGTERM from the kernel should the supervisor die
 without a word (PR_SET_PDEATHSIG), so none outlives it.
 
-Each worker keeps its own policy state (prefix index, sessions, programs), its own scrapes
-of every backend and its own /metrics: see docs/performance.md.
+Each worker keeps its own policy state (the prefix index above all), its own scrapes of
+every backend and its own /metrics; sessions and programs need no sharing, every worker
+computes their rendezvous homes alike (policies/rendezvous.py): see docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,22 @@
-"""Autellix load balancer (the Autellix paper's Algorithm 2).
+"""Autellix load balancer (the Autellix paper's Algorithm 2), with rendezvous program homes.
 
 - At most `threshold_tokens` (2048) prefill tokens: LEAST_USED, the backend with the fewest
   requests in flight (ties rotate).
-- Above: the program's backend from the program table `pt`; on first sight (or when its
-  backend is gone) LEAST_USED, recorded in `pt`.
+- Above: the program's home, its rendezvous home among the candidates (policies/rendezvous.py),
+  however busy, as the paper keeps a program on its engine. Where the paper's program table
+  places a program on the least-used engine at first sight, the hash spreads programs evenly
+  by count; in exchange every worker and every replica sends a program's large calls to the
+  same engine with nothing shared. When the home is not a candidate the next engine in the
+  program's rendezvous order is its home, and the program comes back when it returns.
 
 The program is the `x-program-id` header, else the session id; a large request with neither
-is balanced like a small one. Programs leave the table by `end_program` (admin call), after
-`idle_ttl_s` without a request, or by LRU past `max_programs`. A removed backend's programs
-are reassigned on their next request. Workload is the proxy's in-flight count, so Algorithm 2's
+is balanced like a small one. Workload is the proxy's in-flight count, so Algorithm 2's
 `complete_request` is the proxy's own accounting and needs no hook here.
+
+The programs this process has seen are remembered for `stats()` only, never for routing:
+each with the engine of its last large call, until `end_program` (admin call), `idle_ttl_s`
+without a large call, or LRU past `max_programs` drops it. Dropping one changes nothing of
+where its next call goes.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from policies.pickers.baseline import least_in_flight
 from policies.pickers.rotation import Rotation
 from policies.plugin import SchedulingRequest
 from policies.plugin_base import PluginBase
+from policies.rendezvous import home as rendezvous_home
 
 
 class AutellixParams(BaseModel):
@@ -37,8 +45,8 @@ class AutellixParams(BaseModel):
 
 
 @dataclass(slots=True)
-class _Assignment:
-    backend_id: str
+class _Seen:
+    backend_id: str  # the engine of its last large call; "" once that engine was removed
     last_seen: float
 
 
@@ -48,7 +56,7 @@ class AutellixPicker(PluginBase):
     def __init__(self, params: AutellixParams, name: str = "") -> None:
         super().__init__(name)
         self.params = params
-        self._table: OrderedDict[str, _Assignment] = OrderedDict()  # oldest last_seen first
+        self._seen: OrderedDict[str, _Seen] = OrderedDict()  # oldest last_seen first
         self._rotation = Rotation()
         self._engines: Sequence[Backend] = ()  # the last candidates, for stats
         self._removed: set[str] = set()  # removed since the last request
@@ -73,63 +81,59 @@ class AutellixPicker(PluginBase):
         if tokens <= self.params.threshold_tokens or pid is None:
             self.small_requests += 1
             req.reasons.append("autellix: small -> least used")
-            return self._least_used(candidates)
+            return least_in_flight(candidates, self._rotation.start(len(candidates)))
         self.large_requests += 1
-        entry = self._table.get(pid)
-        if entry is not None:
-            owner = next((b for b in candidates if b.spec.id == entry.backend_id), None)
-            if owner is not None:
-                self.locality_hits += 1
-                entry.last_seen = req.now
-                self._table.move_to_end(pid)
-                req.reasons.append("autellix: large -> program's engine")
-                return owner
-            self.reassignments += 1  # its engine left the fleet or stopped serving
-        chosen = self._least_used(candidates)
-        self.locality_assigns += 1
-        self._table[pid] = _Assignment(chosen.id, req.now)
-        self._table.move_to_end(pid)
-        while len(self._table) > self.params.max_programs:
-            self._table.popitem(last=False)
-        req.reasons.append("autellix: large -> assigned least used")
-        return chosen
+        home = rendezvous_home(pid, candidates)
+        self._note(pid, home.spec.id, req.now)
+        req.reasons.append("autellix: large -> program's home")
+        return home
 
-    def _least_used(self, candidates: Sequence[Backend]) -> Backend:
-        return least_in_flight(candidates, self._rotation.start(len(candidates)))
+    def _note(self, pid: str, backend_id: str, now: float) -> None:
+        seen = self._seen.get(pid)
+        if seen is None:
+            self.locality_assigns += 1
+            self._seen[pid] = _Seen(backend_id, now)
+            while len(self._seen) > self.params.max_programs:
+                self._seen.popitem(last=False)
+            return
+        if seen.backend_id == backend_id:
+            self.locality_hits += 1
+        else:
+            self.reassignments += 1  # its engine left, or one that joined ranks first now
+            seen.backend_id = backend_id
+        seen.last_seen = now
+        self._seen.move_to_end(pid)
 
     def _expire(self, now: float) -> None:
         ttl = self.params.idle_ttl_s
         if ttl is None:
             return
-        while self._table:
-            pid, entry = next(iter(self._table.items()))
-            if now - entry.last_seen <= ttl:
+        while self._seen:
+            pid, seen = next(iter(self._seen.items()))
+            if now - seen.last_seen <= ttl:
                 break
-            del self._table[pid]
+            del self._seen[pid]
             self.expired_programs += 1
 
-    def program_engine(self, program_id: str) -> str | None:
-        entry = self._table.get(program_id)
-        return None if entry is None else entry.backend_id
-
     def end_program(self, program_id: str) -> bool:
-        if self._table.pop(program_id, None) is None:
+        if self._seen.pop(program_id, None) is None:
             return False
         self.ended_programs += 1
         return True
 
     def on_backend_removed(self, backend_id: str) -> None:
-        # Its programs stay in the table without an engine; their next request reassigns them.
+        # A backend back under the same id is a fresh engine: its programs' next large calls
+        # count as reassignments, not locality hits.
         self._removed.add(backend_id)
-        for entry in self._table.values():
-            if entry.backend_id == backend_id:
-                entry.backend_id = ""
+        for seen in self._seen.values():
+            if seen.backend_id == backend_id:
+                seen.backend_id = ""
 
     def stats(self) -> dict[str, Any]:
         per_engine: dict[str, int] = {}
-        for entry in self._table.values():
-            if entry.backend_id:
-                per_engine[entry.backend_id] = per_engine.get(entry.backend_id, 0) + 1
+        for seen in self._seen.values():
+            if seen.backend_id:
+                per_engine[seen.backend_id] = per_engine.get(seen.backend_id, 0) + 1
         return {
             "total_requests": self.total_requests,
             "small_requests": self.small_requests,
@@ -139,11 +143,11 @@ class AutellixPicker(PluginBase):
             "reassignments": self.reassignments,
             "expired_programs": self.expired_programs,
             "ended_programs": self.ended_programs,
-            "programs_in_table": len(self._table),
+            "active_programs": len(self._seen),
             "engines": {
                 b.id: {
                     "active_requests": in_flight(b),
-                    "programs_assigned": per_engine.get(b.id, 0),
+                    "programs_homed": per_engine.get(b.id, 0),
                     "workload": in_flight(b),
                 }
                 for b in self._engines

@@ -1,17 +1,28 @@
-"""The hybrid "unified" policy (the LMetric authors' algorithm): LMetric + high-cache affinity.
+"""The hybrid "unified" policy (the LMetric authors' algorithm): LMetric + affinity.
 
-1. Affinity gate, for a session with a recorded owner among the candidates: route to the
-   owner when cache_ratio = cached prompt share on the owner > `cache_ratio_threshold` (0.5)
-   AND owner.num_requests <= average num_requests x `overload_factor` (2.0).
+1. Affinity gate, for a request with a session: its owner is the session's rendezvous home
+   among the candidates (policies/rendezvous.py), the same backend in every worker and every
+   replica with nothing shared. The request goes home unless the home is overloaded: its
+   num_requests > average num_requests x `overload_factor` (2.0).
 2. Otherwise LMetric with its tie-breakers (uncached tokens, num_requests, rotation).
 
+The gate no longer asks for cache_ratio > `cache_ratio_threshold` on the owner: a home passed
+over for lacking the cache never gets it (docs/policies.md has the measurement). The
+threshold now only tells a warm home (`affinity_hits`) from a cold one (`cold_homes`).
+
 An edge case the gate-then-LMetric rule leaves open: with cache_ratio = 1.0 on an overloaded
-owner, gate 2 fails but the owner has 0 uncached tokens, so LMetric re-elects it (its
+home, the gate fails but the home has 0 uncached tokens, so LMetric re-elects it (its
 P_tokens x BS is 0 when it has no pending prefill, and it wins the uncached-tokens
 tie-breaker). Settled with a hard
 ceiling: in step 2 a backend whose num_requests exceeds average x `ceiling_factor` is not
 eligible while some backend is under the ceiling. `ceiling_factor: null` turns it off and
 gives that rule exactly. num_requests is `Backend.batch_size`.
+
+No session memory. A turn sent away from an overloaded home is followed home by the next one
+as soon as the home is under the factor, in every process alike; until then the process that
+sent it away finds its blocks through its prefix index (LMetric's uncached tokens). A
+per-process note of where a session went would keep only that process's turns there,
+splitting the session between two backends again.
 """
 
 from __future__ import annotations
@@ -25,7 +36,8 @@ from policies.loads import batch_size
 from policies.pickers.lmetric import lmetric_argmin
 from policies.pickers.rotation import Rotation
 from policies.plugin import RoutingServices, SchedulingRequest
-from policies.sessions import SessionOwnerPlugin
+from policies.plugin_base import PluginBase
+from policies.rendezvous import home as rendezvous_home
 
 
 class UnifiedParams(BaseModel):
@@ -33,19 +45,18 @@ class UnifiedParams(BaseModel):
     cache_ratio_threshold: float = Field(0.5, ge=0.0, le=1.0)
     overload_factor: float = Field(2.0, gt=0.0)
     ceiling_factor: float | None = Field(2.0, gt=0.0)
-    max_sessions: int = Field(100_000, ge=1)
 
 
-class UnifiedPicker(SessionOwnerPlugin):
+class UnifiedPicker(PluginBase):
     type = "unified-picker"
 
     def __init__(self, params: UnifiedParams, services: RoutingServices, name: str = "") -> None:
-        super().__init__(params.max_sessions, name)
+        super().__init__(name)
         services.use_prefix_index()
         self.params = params
         self._rotation = Rotation()
         self.affinity_hits = 0
-        self.gate_ratio_failures = 0
+        self.cold_homes = 0
         self.gate_load_failures = 0
         self.ceiling_exclusions = 0
 
@@ -55,21 +66,25 @@ class UnifiedPicker(SessionOwnerPlugin):
         p = self.params
         n = len(candidates)
         avg = sum(batch_size(b) for b in candidates) / n
-        owner_id = self.owner(req)
-        owner = next((b for b in candidates if b.spec.id == owner_id), None) if owner_id else None
-        if owner is not None:
-            ratio = req.cache_ratio(owner.id)
+        sid = req.ctx.session_id
+        if sid is not None:
+            home = rendezvous_home(sid, candidates)
             if req.explain:
-                req.note(owner.id, "cache_ratio", ratio)
-                req.note(owner.id, "avg_num_requests", avg)
-            if ratio <= p.cache_ratio_threshold:
-                self.gate_ratio_failures += 1
-            elif batch_size(owner) > avg * p.overload_factor:
+                req.note(home.id, "home", 1.0)
+                req.note(home.id, "avg_num_requests", avg)
+            if batch_size(home) > avg * p.overload_factor:
                 self.gate_load_failures += 1
             else:
-                self.affinity_hits += 1
-                req.reasons.append("unified: affinity")
-                return owner
+                ratio = req.cache_ratio(home.id)
+                if req.explain:
+                    req.note(home.id, "cache_ratio", ratio)
+                if ratio > p.cache_ratio_threshold:
+                    self.affinity_hits += 1
+                    req.reasons.append("unified: affinity")
+                else:
+                    self.cold_homes += 1
+                    req.reasons.append("unified: affinity, home cold")
+                return home
         pool = candidates
         if p.ceiling_factor is not None:
             limit = avg * p.ceiling_factor
@@ -82,9 +97,8 @@ class UnifiedPicker(SessionOwnerPlugin):
 
     def stats(self) -> dict[str, int]:
         return {
-            "sessions": len(self.sessions),
             "affinity_hits": self.affinity_hits,
-            "gate_ratio_failures": self.gate_ratio_failures,
+            "cold_homes": self.cold_homes,
             "gate_load_failures": self.gate_load_failures,
             "ceiling_exclusions": self.ceiling_exclusions,
         }

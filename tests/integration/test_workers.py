@@ -49,11 +49,11 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float = 15.
 
 @contextlib.asynccontextmanager
 async def serve(
-    backends: list[str], *extra: str, listen: str = "reuseport"
+    backends: list[str], *extra: str, listen: str = "reuseport", workers: int = 2
 ) -> AsyncIterator[Served]:
-    """A 2-worker proxy on a port of its own choosing (read from its banner), every worker
-    routing to every backend before this yields."""
-    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", "0"]
+    """A proxy of `workers` processes on a port of its own choosing (read from its banner),
+    every worker routing to every backend before this yields."""
+    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--workers", str(workers), "--port", "0"]
     cmd += ["--log-level", "warning", *extra]
     for b in backends:
         cmd += ["--backend", b]

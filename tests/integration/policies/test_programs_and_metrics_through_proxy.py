@@ -1,4 +1,4 @@
-"""Autellix's program table, the admin calls and the EPP metrics through the real proxy."""
+"""Autellix's program homes, the admin calls and the EPP metrics through the real proxy."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.rendezvous import home, ranked
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
 from tests.support.servers import fast_settings, running_proxy
+from tests.unit.policies.builders import backend
 
 MODEL = "sim-llama-8b"
 LARGE = "word " * 3000  # about 3,750 estimated tokens: above Autellix's 2048
@@ -40,16 +42,16 @@ async def test_autellix_keeps_large_calls_of_a_program_together(fleet: SimFleet)
         running_proxy(settings) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=30) as client,
     ):
-        homes = {p: await complete(client, LARGE + p, p) for p in ("a", "b", "c")}
-        assert len(set(homes.values())) == 3  # first sight: least used, ties rotate
-        for _ in range(2):
-            for p, home in homes.items():
-                assert await complete(client, LARGE + p + " more", p) == home
+        pool = [backend(u.removeprefix("http://")) for u in fleet.urls]  # the proxy's ids
+        homes = {p: home(p, pool).id for p in ("a", "b", "c")}
+        for _ in range(3):
+            for p, h in homes.items():
+                assert await complete(client, LARGE + p + " more", p) == h
         small = {await complete(client, SMALL, "a") for _ in range(3)}
-        assert len(small) == 3  # small calls ignore the table and spread
+        assert len(small) == 3  # small calls ignore the home and spread
 
         stats = (await client.get("/admin/policy", headers=auth)).json()["stats"]["autellix"]
-        assert (stats["large_requests"], stats["locality_hits"], stats["programs_in_table"]) == (
+        assert (stats["large_requests"], stats["locality_hits"], stats["active_programs"]) == (
             9,
             6,
             3,
@@ -57,12 +59,12 @@ async def test_autellix_keeps_large_calls_of_a_program_together(fleet: SimFleet)
         assert (await client.delete("/admin/programs/a", headers=auth)).status_code == 200
         assert (await client.delete("/admin/programs/a", headers=auth)).status_code == 404
         stats = (await client.get("/admin/policy", headers=auth)).json()["stats"]["autellix"]
-        assert stats["programs_in_table"] == 2 and stats["ended_programs"] == 1
+        assert stats["active_programs"] == 2 and stats["ended_programs"] == 1
 
-        # Removing a backend reassigns its programs on their next request.
+        # Removing a backend sends its programs to their next-ranked backend.
         gone = homes["b"]
         assert (await client.delete(f"/admin/backends/{gone}", headers=auth)).status_code == 200
-        assert await complete(client, LARGE + "b again", "b") != gone
+        assert await complete(client, LARGE + "b again", "b") == ranked("b", pool)[1].id
         stats = (await client.get("/admin/policy", headers=auth)).json()["stats"]["autellix"]
         assert stats["reassignments"] == 1
 

@@ -9,6 +9,7 @@ import pytest
 from fleet.types import EngineMetrics
 from policies.plugin import RoutingServices, SchedulingRequest
 from policies.registry import build_routing, plugin_types
+from policies.rendezvous import home, ranked
 from policies.scorers.load import (
     KvCacheUtilizationScorer,
     QueueDepthScorer,
@@ -127,16 +128,22 @@ def test_prefix_scorer_is_matched_share_of_blocks() -> None:
     assert decision.scores["b"]["s"] == 0.0
 
 
-def test_session_affinity_scores_the_last_backend_of_the_session() -> None:
+def test_session_affinity_scores_the_sessions_rendezvous_home() -> None:
     policy = one_scorer_policy("session-affinity-scorer")
     fleet4 = [backend(f"b{i}") for i in range(4)]
-    first = policy.pick(ctx(session="alice"), fleet4, 0.0).target
-    for _ in range(5):
-        d = policy.pick(ctx(session="alice", debug=True), fleet4, 0.0)
-        assert d.target is first
+    for sid in ("alice", "bob", "carol"):
+        d = policy.pick(ctx(session=sid, debug=True), fleet4, 0.0)
+        assert d.target is home(sid, fleet4)
         assert sorted(v["s"] for v in d.scores.values()) == [0.0, 0.0, 0.0, 1.0]
-    # Another session has no owner yet: all zero.
-    d = policy.pick(ctx(session="bob", debug=True), fleet4, 0.0)
+        # From the first request on, in any process: another policy scores the same backend.
+        other = one_scorer_policy("session-affinity-scorer")
+        assert other.pick(ctx(session=sid), fleet4[::-1], 0.0).target is d.target
+    # Its home gone, the next in its order scores 1.
+    first, second = ranked("alice", fleet4)[:2]
+    rest = [b for b in fleet4 if b is not first]
+    assert policy.pick(ctx(session="alice"), rest, 0.0).target is second
+    # No session: all zero.
+    d = policy.pick(ctx(debug=True), fleet4, 0.0)
     assert all(v["s"] == 0.0 for v in d.scores.values())
 
 
