@@ -124,21 +124,24 @@ class BatchCodec:
         return self._encoder.encode(batch)
 
 
+# Each event type and its array form, both ways.
+_TO_ARRAY: dict[type, type] = {
+    BlockStored: _BlockStoredArray,
+    BlockRemoved: _BlockRemovedArray,
+    AllBlocksCleared: _AllBlocksClearedArray,
+}
+_FROM_ARRAY: dict[type, type] = {v: k for k, v in _TO_ARRAY.items()}
+
+
 def _as_array(event: KvEvent) -> KvEvent:
-    if isinstance(event, BlockStored):
-        return _BlockStoredArray(**msgspec.structs.asdict(event))
-    if isinstance(event, BlockRemoved):
-        return _BlockRemovedArray(**msgspec.structs.asdict(event))
-    return _AllBlocksClearedArray()
+    form: type[KvEvent] = _TO_ARRAY[type(event)]
+    return form(**msgspec.structs.asdict(event))
 
 
 def _from_array(event: KvEvent) -> KvEvent:
     """The public type of an event decoded from its array form."""
-    if isinstance(event, BlockStored):
-        return BlockStored(**msgspec.structs.asdict(event))
-    if isinstance(event, BlockRemoved):
-        return BlockRemoved(**msgspec.structs.asdict(event))
-    return AllBlocksCleared()
+    form: type[KvEvent] = _FROM_ARRAY[type(event)]
+    return form(**msgspec.structs.asdict(event))
 
 
 def decode_batch(payload: bytes) -> EventBatch:
