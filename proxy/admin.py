@@ -68,6 +68,8 @@ def backend_view(
         "labels": dict(b.spec.labels),
         "source": b.spec.source,
         "instance": b.spec.instance,
+        "kv_events_endpoint": b.spec.kv_events_endpoint or None,
+        "kv_events_replay_endpoint": b.spec.kv_events_replay_endpoint or None,
         "models": list(b.spec.models),
         "healthy": b.healthy,
         "draining": b.draining,

@@ -54,6 +54,24 @@ def check_api_key(key: str) -> None:
         raise ValueError("an API key must be 1 or more printable ASCII characters, no spaces")
 
 
+def check_kv_events_endpoint(endpoint: str) -> str:
+    """An engine's KV-event address the proxy connects to: `tcp://HOST:PORT` or `ipc://PATH`.
+    A wildcard host would make the proxy bind instead, as the engine does with one."""
+    v = endpoint.strip()
+    if not v.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"a KV-events endpoint is tcp://HOST:PORT or ipc://PATH, got {v!r}")
+    if v.startswith("tcp://"):
+        host, _, port = v[len("tcp://") :].rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"a KV-events endpoint is tcp://HOST:PORT, got {v!r}")
+        if host in ("*", "[::]", "0.0.0.0"):
+            raise ValueError(
+                f"{v!r} is an address to bind: give the engine tcp://*:PORT and the proxy "
+                "tcp://ENGINE_HOST:PORT"
+            )
+    return v
+
+
 class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +83,11 @@ class BackendConfig(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     # Normally learned from the backend's /v1/models; set to pin them.
     models: list[str] = Field(default_factory=list)
+    # The engine's KV-cache event publisher (`tcp://ENGINE_HOST:PORT`; the engine binds
+    # `tcp://*:PORT`) and its replay socket: routing by the precise prefix-cache scorer
+    # (docs/policies.md). None: the engine publishes none; the approximate index is used.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     @field_validator("id")
     @classmethod
@@ -91,6 +114,17 @@ class BackendConfig(BaseModel):
             v = v[: -len("/v1")]
         return v
 
+    @field_validator("kv_events_endpoint", "kv_events_replay_endpoint")
+    @classmethod
+    def _zmq_endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_kv_events_endpoint(v)
+
+    @model_validator(mode="after")
+    def _replay_needs_events(self) -> BackendConfig:
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("kv_events_replay_endpoint needs kv_events_endpoint")
+        return self
+
     def to_spec(self) -> BackendSpec:
         return BackendSpec(
             id=self.id or default_backend_id(self.url),
@@ -100,6 +134,8 @@ class BackendConfig(BaseModel):
             unit=self.unit,
             labels=dict(self.labels),
             models=tuple(self.models),
+            kv_events_endpoint=self.kv_events_endpoint or "",
+            kv_events_replay_endpoint=self.kv_events_replay_endpoint or "",
         )
 
 
