@@ -6,7 +6,11 @@ what the event carries: key = xxh3-64 of the block's token ids, seeded with the 
 block's key (block 0: a fixed root). A prompt's keys, computed the same way from its token
 ids in blocks of the engine's block size, then name the same blocks. Per backend the index
 keeps engine hash -> our key, so that `BlockRemoved` (which carries engine hashes only) can be
-applied, and our key -> how many engine blocks hold it.
+applied, and our key -> how many engine hashes name it.
+
+An engine caches one copy of a block per request that computed it at the same time, and
+announces each copy stored and each copy evicted: a hash is held until its last copy goes,
+so copies are counted.
 
 - A stored block whose parent is unknown (stored before we listened, or its event was lost)
   cannot be keyed: it is counted and left out, as are its descendants.
@@ -90,6 +94,7 @@ def _salts(event: BlockStored) -> list[bytes | None]:
 class _Held:
     block_size: int | None = None
     by_engine: dict[EngineHash, int] = field(default_factory=dict)  # insertion order = age
+    copies: dict[EngineHash, int] = field(default_factory=dict)  # hashes stored more than once
     keys: dict[int, int] = field(default_factory=dict)  # our key -> engine blocks holding it
     precise_from: float = float("inf")
 
@@ -202,7 +207,8 @@ class PrecisePrefixIndex:
         by_engine, ours = held.by_engine, held.keys
         for engine_hash, key in zip(hashes, keys, strict=False):
             if engine_hash in by_engine:
-                continue  # announced again (a reused block): already held
+                held.copies[engine_hash] = held.copies.get(engine_hash, 1) + 1
+                continue
             by_engine[engine_hash] = key
             ours[key] = ours.get(key, 0) + 1
             counters.stored += 1
@@ -212,13 +218,21 @@ class PrecisePrefixIndex:
             counters.overflowed += 1
 
     def _remove(self, held: _Held, hashes: Iterable[EngineHash]) -> None:
+        copies = held.copies
         for engine_hash in hashes:
-            if engine_hash in held.by_engine:
+            left = copies.get(engine_hash)
+            if left is not None:  # another copy still holds it
+                if left > 2:
+                    copies[engine_hash] = left - 1
+                else:
+                    del copies[engine_hash]
+            elif engine_hash in held.by_engine:
                 self._drop(held, engine_hash)
                 self.counters.removed += 1
 
     @staticmethod
     def _drop(held: _Held, engine_hash: EngineHash) -> None:
+        held.copies.pop(engine_hash, None)
         key = held.by_engine.pop(engine_hash)
         left = held.keys[key] - 1
         if left:
