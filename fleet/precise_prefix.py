@@ -48,6 +48,8 @@ _EMPTY: Mapping[str, int] = MappingProxyType({})
 
 def _token_bytes(token_ids: Sequence[int]) -> bytes | None:
     """Token ids as 4-byte unsigned ints; None for an id no tokenizer produces."""
+    if isinstance(token_ids, array) and token_ids.typecode == "I":
+        return token_ids.tobytes()  # a tokenizer's answer, already packed
     try:
         return array("I", token_ids).tobytes()
     except (OverflowError, TypeError):
