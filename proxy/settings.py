@@ -246,6 +246,20 @@ class Settings(BaseSettings):
     # tokenizer.json (run in a worker thread), or the backends' own /tokenize.
     token_counter: Literal["estimate", "hf", "remote"] = "estimate"
     tokenizer_path: str | None = None
+    # --- precise prefix-cache routing (docs/policies.md), only for a routing configuration
+    # with a precise-prefix-cache-scorer or a `precise_prefix` section. The prompt's token
+    # ids come from the backends' own /tokenize (`remote`), or from tokenizer_path (`hf`: a
+    # local tokenizer.json and the chat template of its tokenizer_config.json).
+    prompt_tokenizer: Literal["remote", "hf"] = "remote"
+    prompt_token_cache_tokens: int = Field(
+        4_000_000, ge=0, description="token ids of recent prompts kept (4 bytes each)"
+    )
+    # The topic the engines publish their KV-cache events under (`topic` of vLLM's
+    # --kv-events-config); "" takes every topic.
+    kv_events_topic: str = ""
+    kv_events_replay_timeout: float = Field(
+        2.0, gt=0, allow_inf_nan=False, description="seconds a replay of missed events may take"
+    )
     # How a decision with a prefill backend is carried out (proxy/disagg.py).
     pd_mode: Literal["orchestrated", "header"] = "orchestrated"
     pd_prefill_timeout: float = Field(30.0, gt=0)
@@ -603,6 +617,11 @@ class Settings(BaseSettings):
     def _tokenizer_needs_path(self) -> Settings:
         if self.token_counter == "hf" and not self.tokenizer_path:
             raise ValueError("token_counter 'hf' needs tokenizer_path (a local tokenizer.json)")
+        if self.prompt_tokenizer == "hf" and not self.tokenizer_path:
+            raise ValueError(
+                "prompt_tokenizer 'hf' needs tokenizer_path (a directory with tokenizer.json "
+                "and tokenizer_config.json)"
+            )
         return self
 
     def move_costs(self) -> MoveCosts:
