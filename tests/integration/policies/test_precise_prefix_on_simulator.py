@@ -2,17 +2,20 @@
 publish their KV-cache events on real ZMQ sockets (127.0.0.1): a request goes to the engine
 that really holds its prefix, though no proxy routed what put it there; two proxies following
 the same events make the same choice; a backend that publishes no events is scored by the
-approximate index."""
+approximate index; and both worker processes of one proxy make the same choice."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.precise_prefix import PrecisePrefixIndex
 from proxy.app import FleetProxyApp
@@ -20,6 +23,7 @@ from simulator.fleet import SimFleet, start_fleet
 from simulator.kv_events_config import parse_kv_events_config
 from simulator.server import EngineServer
 from simulator.tokenizer import Tokenizer
+from tests.integration.test_workers import serve, wait_for
 from tests.support.kv_events import SIM_KV_EVENTS, eventually
 from tests.support.servers import fast_settings, running_proxy
 
@@ -203,3 +207,59 @@ async def test_a_backend_without_events_is_scored_by_the_approximate_index(
             for other in fleet.engines[:2]:
                 assert scores[backend_id(other)]["from_events"] == 1.0
                 assert scores[backend_id(other)]["precise"] == 0.0
+
+
+def blocks_indexed(metrics_text: str, backend: str) -> float:
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "fleet_proxy_kv_blocks_indexed":
+            for sample in family.samples:
+                if sample.labels.get("backend") == backend:
+                    return sample.value
+    return 0.0
+
+
+@pytest.mark.slow
+async def test_both_workers_of_one_proxy_follow_the_events(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    async with publishing_fleet(3, tokenizer) as fleet:
+        config = {
+            "backends": [backend_config(e) for e in fleet.engines],
+            "routing": PRECISE_ONLY,
+            "kv_events_topic": "kv",
+        }
+        path = tmp_path / "proxy.yaml"
+        path.write_text(yaml.safe_dump(config))
+        engine = fleet.engines[1]
+        async with serve([], "--config", str(path), routable=3) as served:
+            async with httpx.AsyncClient(timeout=30) as client:
+                ids = await warm(client, engine, chat(system_prompt(1), "warm up"))
+            known: set[int] = set()
+
+            async def every_worker_knows() -> bool:
+                # One fresh connection per look: each is accepted by either worker, and both
+                # requests on it are answered by that worker.
+                async with httpx.AsyncClient(timeout=10) as fresh:
+                    worker = (await served.workers(fresh))["answered_by"]
+                    text = (await fresh.get(served.url + "/metrics")).text
+                if blocks_indexed(text, backend_id(engine)) >= len(ids) // 16:
+                    known.add(worker)
+                return len(known) == 2
+
+            await wait_for(every_worker_knows, within=30)
+            n = 0
+
+            async def every_worker_routed() -> bool:
+                nonlocal n
+                n += 1
+                async with httpx.AsyncClient(timeout=30) as fresh:
+                    r = await fresh.post(
+                        served.url + "/v1/chat/completions",
+                        json=chat(system_prompt(1), f"question {n}"),
+                    )
+                    assert r.status_code == 200, r.text
+                    assert r.headers["x-fleet-backend"] == backend_id(engine), n
+                    rows = (await served.workers(fresh))["rows"]
+                return all(row["dispatched"] > 0 for row in rows)
+
+            await wait_for(every_worker_routed, within=60)
