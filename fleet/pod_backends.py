@@ -87,7 +87,7 @@ def _port(pod: PodInfo, annotation: str) -> int | None:
     text = pod.annotations.get(annotation)
     if text is None:
         return None
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         raise ValueError(f"{annotation} {text!r}: a port number expected")
     return int(text)
 

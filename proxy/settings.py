@@ -62,7 +62,7 @@ def check_kv_events_endpoint(endpoint: str) -> str:
         raise ValueError(f"a KV-events endpoint is tcp://HOST:PORT or ipc://PATH, got {v!r}")
     if v.startswith("tcp://"):
         host, _, port = v[len("tcp://") :].rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise ValueError(f"a KV-events endpoint is tcp://HOST:PORT, got {v!r}")
         if host in ("*", "[::]", "0.0.0.0"):
             raise ValueError(
