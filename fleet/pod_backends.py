@@ -12,6 +12,9 @@ What a pod's labels or annotations (a label wins) say about its backend:
 - `fleet-proxy.io/node`: its failure domain's node (default: the node it runs on);
 - `fleet-proxy.io/unit`: its unit (default none);
 - `fleet-proxy.io/port` (annotation): the engine's port (default: the `discovery_port`);
+- `fleet-proxy.io/kv-events-port` (annotation): the port the engine publishes its KV-cache
+  events on (`--kv-events-config` endpoint `tcp://*:PORT`), connected to at the pod's IP;
+  `fleet-proxy.io/kv-events-replay-port`: its replay socket (default none of either);
 - `labels.fleet-proxy.io/KEY: VALUE` (annotations): the backend label KEY=VALUE, e.g.
   `labels.fleet-proxy.io/kv_connector: nixl`.
 """
@@ -35,6 +38,8 @@ ROLE = PREFIX + "role"
 NODE = PREFIX + "node"
 UNIT = PREFIX + "unit"
 PORT = PREFIX + "port"
+KV_EVENTS_PORT = PREFIX + "kv-events-port"
+KV_EVENTS_REPLAY_PORT = PREFIX + "kv-events-replay-port"
 LABEL_PREFIX = "labels." + PREFIX
 
 
@@ -53,12 +58,12 @@ def backend_from_pod(pod: PodInfo, default_port: int) -> BackendSpec:
     role_text = _read(pod, ROLE) or Role.BOTH.value
     if role_text not in set(Role):
         raise ValueError(f"{ROLE} {role_text!r}: prefill, decode or both expected")
-    port_text = pod.annotations.get(PORT)
-    port = default_port
-    if port_text is not None:
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise ValueError(f"{PORT} {port_text!r}: a port number expected")
-        port = int(port_text)
+    port = _port(pod, PORT) or default_port
+    host = _host(pod.pod_ip)
+    events_port = _port(pod, KV_EVENTS_PORT)
+    replay_port = _port(pod, KV_EVENTS_REPLAY_PORT)
+    if replay_port is not None and events_port is None:
+        raise ValueError(f"{KV_EVENTS_REPLAY_PORT} needs {KV_EVENTS_PORT}")
     labels = {
         key[len(LABEL_PREFIX) :]: value
         for key, value in pod.annotations.items()
@@ -66,14 +71,25 @@ def backend_from_pod(pod: PodInfo, default_port: int) -> BackendSpec:
     }
     return BackendSpec(
         id=pod.name,
-        url=f"http://{_host(pod.pod_ip)}:{port}",
+        url=f"http://{host}:{port}",
         role=Role(role_text),
         node=_read(pod, NODE) or pod.node_name,
         unit=_read(pod, UNIT) or "",
         labels=labels,
         source=KUBERNETES,
         instance=pod.uid,
+        kv_events_endpoint=f"tcp://{host}:{events_port}" if events_port else "",
+        kv_events_replay_endpoint=f"tcp://{host}:{replay_port}" if replay_port else "",
     )
+
+
+def _port(pod: PodInfo, annotation: str) -> int | None:
+    text = pod.annotations.get(annotation)
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{annotation} {text!r}: a port number expected")
+    return int(text)
 
 
 def desired_from_pods(

@@ -39,6 +39,10 @@ class BackendSpec:
     # One incarnation of the server behind the id (a pod's uid): a new one under the same id
     # is a new backend, never the old one's state updated in place.
     instance: str = ""
+    # Where the engine publishes its KV-cache events (`tcp://HOST:PORT`, connected to), and
+    # its replay socket for missed ones; "" when it publishes none (fleet/kv_events.py).
+    kv_events_endpoint: str = ""
+    kv_events_replay_endpoint: str = ""
 
 
 @dataclass(frozen=True, slots=True)

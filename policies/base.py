@@ -34,6 +34,9 @@ class RequestContext:
     debug: bool = False
     # The prompt came as token ids: prompt_tokens is exact, no counting needed.
     prompt_is_token_ids: bool = False
+    # The prompt as the engine's token ids (chat template applied), when the policy routes by
+    # the engines' own KV-cache events and they could be had (fleet/prompt_tokens.py).
+    prompt_token_ids: Sequence[int] | None = None
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@
 routing:
   prefix_index: {chars_per_block: 64, capacity_blocks: 31250}   # optional; also max_blocks,
                                                                 # auto_capacity
+  precise_prefix: {max_blocks_per_backend: 262144, warmup_s: 60}  # optional: KV events
   plugins:
     - {type: prefix-cache-scorer, name: prefix}
     - {type: queue-depth-scorer, name: queue}
@@ -23,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.precise_prefix import DEFAULT_MAX_BLOCKS_PER_BACKEND, DEFAULT_WARMUP_S
 from fleet.prefix import DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_PER_BLOCK
 
 
@@ -61,6 +63,18 @@ class PrefixIndexConfig(BaseModel):
     auto_capacity: bool = True
 
 
+class PrecisePrefixConfig(BaseModel):
+    """The index of what each backend really holds, from its KV-cache events
+    (fleet/precise_prefix.py). Present, or asked for by a precise-prefix-cache-scorer, it also
+    gives the pickers their uncached-token figure for backends it knows."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_blocks_per_backend: int = Field(DEFAULT_MAX_BLOCKS_PER_BACKEND, ge=1)
+    # Seconds a backend whose events were joined mid-stream, or lost, is left to the
+    # approximate index: blocks it cached before are unknown until then.
+    warmup_s: float = Field(DEFAULT_WARMUP_S, ge=0, allow_inf_nan=False)
+
+
 class RoutingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str | None = None
@@ -69,6 +83,7 @@ class RoutingConfig(BaseModel):
     prefix_index: PrefixIndexConfig = Field(
         default_factory=lambda: PrefixIndexConfig.model_validate({})
     )
+    precise_prefix: PrecisePrefixConfig | None = None
     plugins: list[PluginConfig] = Field(default_factory=list)
     profiles: list[ProfileConfig] = Field(default_factory=list)
     handler: str | None = None

@@ -18,6 +18,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
+from fleet.precise_prefix import (
+    DEFAULT_MAX_BLOCKS_PER_BACKEND,
+    DEFAULT_WARMUP_S,
+    NO_MATCH,
+    PreciseMatch,
+    PrecisePrefixIndex,
+)
 from fleet.prefix import PrefixIndex, PrefixMatch
 from fleet.types import Backend
 from policies.base import Decision, RequestContext
@@ -31,7 +38,9 @@ PluginTimer = Callable[[str, str, str, float], None]
 
 class RoutingServices:
     """What plugins of one routing configuration share: the prefix index, built on first use
-    so that configurations without prefix-aware plugins never hash prompts."""
+    so that configurations without prefix-aware plugins never hash prompts; and the precise
+    index of the engines' KV-cache events, which the proxy feeds and for which it tokenizes
+    prompts only when some plugin (or the configuration) asked for it."""
 
     def __init__(
         self,
@@ -39,6 +48,8 @@ class RoutingServices:
         default_capacity_blocks: int,
         max_blocks: int | None = None,
         auto_capacity: bool = True,
+        precise_max_blocks: int = DEFAULT_MAX_BLOCKS_PER_BACKEND,
+        precise_warmup_s: float = DEFAULT_WARMUP_S,
     ) -> None:
         self._chars_per_block = chars_per_block
         self._default_capacity = default_capacity_blocks
@@ -46,12 +57,22 @@ class RoutingServices:
         self.max_blocks = max_blocks
         # Size each backend's LRU from its published cache config, not the default.
         self.auto_capacity = auto_capacity
+        self._precise_max_blocks = precise_max_blocks
+        self._precise_warmup_s = precise_warmup_s
         self.prefix_index: PrefixIndex | None = None
+        self.precise_index: PrecisePrefixIndex | None = None
 
     def use_prefix_index(self) -> PrefixIndex:
         if self.prefix_index is None:
             self.prefix_index = PrefixIndex(self._chars_per_block, self._default_capacity)
         return self.prefix_index
+
+    def use_precise_index(self) -> PrecisePrefixIndex:
+        if self.precise_index is None:
+            self.precise_index = PrecisePrefixIndex(
+                self._precise_max_blocks, self._precise_warmup_s
+            )
+        return self.precise_index
 
 
 @dataclass(slots=True)
@@ -70,6 +91,7 @@ class SchedulingRequest:
     _hashes: list[int] | None = None
     _match: PrefixMatch | None = None
     _uncached: dict[str, int] | None = None
+    _precise: PreciseMatch | None = None
 
     def note(self, backend_id: str, key: str, value: float) -> None:
         """Record a named score for the decision receipt (only when explaining)."""
@@ -109,16 +131,37 @@ class SchedulingRequest:
         n = self.text_bytes()
         return 0.0 if n == 0 else min(1.0, self.cached_chars(backend_id) / n)
 
+    def precise(self) -> PreciseMatch:
+        """Leading blocks of the prompt's token ids each backend holds by its own events;
+        empty without the precise index or the token ids."""
+        if self._precise is None:
+            index = self.services.precise_index
+            ids = self.ctx.prompt_token_ids
+            self._precise = NO_MATCH if index is None or ids is None else index.match(ids)
+        return self._precise
+
+    def is_precise(self, backend_id: str) -> bool:
+        """Whether this backend's precise state stands for it in this request: its index is
+        trusted now and the prompt's token ids are known."""
+        index = self.services.precise_index
+        return (
+            index is not None
+            and self.ctx.prompt_token_ids is not None
+            and index.precise(backend_id, self.now)
+        )
+
     def uncached_by_backend(self) -> dict[str, int]:
         """Uncached prompt tokens per backend holding part of the prompt; every other backend
-        has all `ctx.prompt_tokens` uncached. prompt_tokens is scaled by the uncached share of
-        the text, so this holds whichever token counter filled prompt_tokens."""
+        has all `ctx.prompt_tokens` uncached. From the precise index for the backends it
+        stands for (prompt_tokens is then the token ids' count); otherwise prompt_tokens is
+        scaled by the share of the text the approximate index matched, so this holds whichever
+        token counter filled prompt_tokens."""
         if self._uncached is None:
             tokens = self.ctx.prompt_tokens
             n = self.text_bytes()
             match = self.prefix()
             cpb = match.chars_per_block
-            self._uncached = (
+            uncached = (
                 {
                     bid: max(0, round(tokens * (n - min(blocks * cpb, n)) / n))
                     for bid, blocks in match.matched.items()
@@ -126,7 +169,18 @@ class SchedulingRequest:
                 if n
                 else {}
             )
+            if self.services.precise_index is not None and self.ctx.prompt_token_ids is not None:
+                uncached = self._precise_uncached(uncached)
+            self._uncached = uncached
         return self._uncached
+
+    def _precise_uncached(self, approximate: dict[str, int]) -> dict[str, int]:
+        out = {b: v for b, v in approximate.items() if not self.is_precise(b)}
+        precise = self.precise()
+        for b in precise.held:
+            if self.is_precise(b):
+                out[b] = max(0, precise.num_tokens - precise.cached_tokens(b))
+        return out
 
     def uncached_tokens(self, backend_id: str) -> int:
         """Prompt tokens this backend would still have to prefill."""

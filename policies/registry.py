@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from policies.base import Policy
-from policies.config import RoutingConfig, ScorerRef
+from policies.config import PrecisePrefixConfig, RoutingConfig, ScorerRef
 from policies.config import RoutingConfigError as RoutingConfigError  # its home for callers
 from policies.epp.config import is_epp_config, translate
 from policies.filters.labels import (
@@ -47,6 +47,7 @@ from policies.scorers.load import (
 )
 from policies.scorers.lora import LoraAffinityScorer
 from policies.scorers.no_hit_lru import NoHitLruParams, NoHitLruScorer
+from policies.scorers.precise_prefix import PrecisePrefixCacheScorer
 from policies.scorers.prefix import PrefixCacheScorer
 from policies.scorers.session import SessionAffinityParams, SessionAffinityScorer
 
@@ -96,6 +97,9 @@ def plugin_types() -> dict[str, PluginType]:
         "token-load-scorer": PluginType("scorer", NoParams, lambda p, s, n: TokenLoadScorer(n)),
         "prefix-cache-scorer": PluginType(
             "scorer", NoParams, lambda p, s, n: PrefixCacheScorer(s, n)
+        ),
+        "precise-prefix-cache-scorer": PluginType(
+            "scorer", NoParams, lambda p, s, n: PrecisePrefixCacheScorer(s, n)
         ),
         "session-affinity-scorer": PluginType(
             "scorer", SessionAffinityParams, lambda p, s, n: SessionAffinityScorer(p, n)
@@ -195,7 +199,7 @@ def builtin_policies() -> dict[str, PolicyFactory]:
     return {name: factory(name) for name in policy_names()}
 
 
-def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Scheduler:
     if name not in policy_names():
         known = ", ".join(policy_names())
         raise UnknownPolicy(f"unknown policy {name!r}; known policies: {known}")
@@ -234,15 +238,25 @@ def build_routing(config: Mapping[str, Any]) -> Scheduler:
             raise UnknownPolicy(f"unknown policy {cfg.policy!r}; known policies: {known}")
         algo = _algorithm_config(cfg.policy, cfg.params)
         algo.update(prefix_index=cfg.prefix_index.model_dump(), explain_all=cfg.explain_all)
+        if cfg.precise_prefix is not None:
+            algo["precise_prefix"] = cfg.precise_prefix.model_dump()
         return build_routing(algo)
     if not cfg.profiles:
         raise RoutingConfigError("routing config needs `policy`, or `plugins` and `profiles`")
 
     types = plugin_types()
     pi = cfg.prefix_index
+    precise = cfg.precise_prefix or PrecisePrefixConfig.model_validate({})
     services = RoutingServices(
-        pi.chars_per_block, pi.capacity_blocks, pi.max_blocks, pi.auto_capacity
+        pi.chars_per_block,
+        pi.capacity_blocks,
+        pi.max_blocks,
+        pi.auto_capacity,
+        precise.max_blocks_per_backend,
+        precise.warmup_s,
     )
+    if cfg.precise_prefix is not None:
+        services.use_precise_index()
     plugins: dict[str, tuple[Kind, object]] = {}
     for pc in cfg.plugins:
         name = pc.name or pc.type

@@ -33,7 +33,13 @@ from proxy.errors import ErrorBody
 from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
 from proxy.settings import BackendConfig
-from proxy.url_policy import UrlPolicy, is_loopback, listens_on_loopback, refuse_reason
+from proxy.url_policy import (
+    UrlPolicy,
+    is_loopback,
+    listens_on_loopback,
+    refuse_kv_events_reason,
+    refuse_reason,
+)
 from rescheduler.observe import cluster_view
 from rescheduler.wire import view_to_json
 
@@ -68,6 +74,8 @@ def backend_view(
         "labels": dict(b.spec.labels),
         "source": b.spec.source,
         "instance": b.spec.instance,
+        "kv_events_endpoint": b.spec.kv_events_endpoint or None,
+        "kv_events_replay_endpoint": b.spec.kv_events_replay_endpoint or None,
         "models": list(b.spec.models),
         "healthy": b.healthy,
         "draining": b.draining,
@@ -202,6 +210,12 @@ def admin_router(
         refused = await refuse_reason(url_policy, config.url)
         if refused is not None:
             raise HTTPException(status_code=403, detail=f"backend url refused: {refused}")
+        for endpoint in (config.kv_events_endpoint, config.kv_events_replay_endpoint):
+            refused = await refuse_kv_events_reason(url_policy, endpoint) if endpoint else None
+            if refused is not None:
+                raise HTTPException(
+                    status_code=403, detail=f"KV-events endpoint refused: {refused}"
+                )
         try:
             b = await fleet_changes.add(replace(config.to_spec(), source=ADMIN))
         except DuplicateBackend as e:

@@ -17,13 +17,21 @@ from prometheus_client import (
 
 from fleet.clock import Clock, SystemClock
 from fleet.discovery import StaticSource, reconcile
+from fleet.prompt_tokens import (
+    HfTokenizer,
+    PromptTokenizer,
+    PromptTokens,
+    RemoteTokenizer,
+)
 from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
-from policies.base import Policy
 from policies.registry import build_policy, build_routing
+from policies.scheduler import Scheduler
 from proxy.ejection import EjectionGuard
+from proxy.kv_event_loop import KvEventSubscribers
+from proxy.kv_event_metrics import KvEventsCollector
 from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.request_log import JsonRequestLog
@@ -38,10 +46,23 @@ from rescheduler.observe import LocalViewSource
 log = logging.getLogger("fleet_proxy")
 
 
-def make_policy(settings: Settings) -> Policy:
+def make_policy(settings: Settings) -> Scheduler:
     if settings.routing is not None:
         return build_routing(settings.routing)
     return build_policy(settings.policy)
+
+
+def make_prompt_tokens(
+    settings: Settings, core: ProxyCore, client: httpx.AsyncClient
+) -> PromptTokens:
+    """The prompt tokenizer the precise prefix index needs (fleet/prompt_tokens.py)."""
+    tokenizer: PromptTokenizer
+    if settings.prompt_tokenizer == "hf":
+        assert settings.tokenizer_path is not None  # checked with the settings
+        tokenizer = HfTokenizer(settings.tokenizer_path)
+    else:
+        tokenizer = RemoteTokenizer(client, core.backend_urls)
+    return PromptTokens(tokenizer, settings.prompt_token_cache_tokens)
 
 
 def build_rescheduler(core: ProxyCore) -> ReschedulerLoop:
@@ -82,6 +103,18 @@ class ProxyCore:
         for spec in reconcile(static.name, (), static.desired).add:
             self.fleet.add(spec)
         self.policy = make_policy(settings)
+        # The engines' own KV-cache events, followed only when the policy routes by them.
+        self.precise_index = self.policy.services.precise_index
+        self.kv_events: KvEventSubscribers | None = None
+        if self.precise_index is not None:
+            self.kv_events = KvEventSubscribers(
+                self.fleet,
+                self.precise_index,
+                self.clock,
+                topic=settings.kv_events_topic,
+                replay_timeout_s=settings.kv_events_replay_timeout,
+            )
+        self.prompt_tokens: PromptTokens | None = None  # built in start(), with the index
         self.policy_on_finish = getattr(self.policy, "on_finish", None)
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
@@ -89,6 +122,10 @@ class ProxyCore:
         self.fleet.on_removed(self.metrics.forget_backend)
         self.fleet.on_removed(self._forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))
+        if self.kv_events is not None:
+            self.prom.register(
+                KvEventsCollector(self.kv_events, self.clock, lambda: self.prompt_tokens)
+            )
         # The process's own health (CPU, memory, open files, GC), as any Python exporter has
         # it: read at scrape time, nothing per request.
         ProcessCollector(registry=self.prom)
@@ -147,6 +184,9 @@ class ProxyCore:
             client=self.control,
             tokenize_url_for=self._tokenize_url,
         )
+        if self.kv_events is not None:
+            self.prompt_tokens = make_prompt_tokens(s, self, self.control)
+            self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         scraper = Scraper(
             self.fleet,
             self.control,
@@ -180,6 +220,10 @@ class ProxyCore:
         if pool is None:
             raise RuntimeError("the proxy is not started")
         return pool
+
+    def backend_urls(self, model: str) -> list[str]:
+        """Base URLs of the backends that may take a request for `model` now."""
+        return [b.url for b in self.fleet.candidates(model, self.clock.now())]
 
     def _tokenize_url(self, model: str) -> str | None:
         for b in self.fleet.candidates(model, self.clock.now()):

@@ -153,8 +153,19 @@ class Forwarder:
             if self._aliases is not None:
                 body = self._dealias(ctx, body, self._aliases)
             model = ctx.model
+            prompt_tokens = self.core.prompt_tokens  # None unless routing uses KV events
+            if prompt_tokens is not None and generates:
+                ids = await prompt_tokens.token_ids(endpoint, model, ctx.body)
+                if ids is not None:
+                    ctx.prompt_token_ids = ids
+                    ctx.prompt_tokens = len(ids)  # exact: no counting needed
             tokens = self.core.tokens
-            if tokens is not None and tokens.mode != "estimate" and not ctx.prompt_is_token_ids:
+            if (
+                tokens is not None
+                and tokens.mode != "estimate"
+                and not ctx.prompt_is_token_ids
+                and ctx.prompt_token_ids is None
+            ):
                 ctx.prompt_tokens = await tokens.count(ctx.prompt_text, ctx.model)
             session = RequestSession(
                 self.core, self.opener, scope["path"], ctx, body, upstream, send, arrived,

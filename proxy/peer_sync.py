@@ -87,6 +87,8 @@ def spec_to_change(spec: BackendSpec, op: str = "add") -> Change:
             "models": list(spec.models),
             "source": spec.source,
             "instance": spec.instance,
+            "kv_events_endpoint": spec.kv_events_endpoint,
+            "kv_events_replay_endpoint": spec.kv_events_replay_endpoint,
         },
     }
 
@@ -102,6 +104,8 @@ def spec_from_change(data: Mapping[str, Any]) -> BackendSpec:
         models=tuple(str(m) for m in data["models"]),
         source=str(data["source"]),
         instance=str(data["instance"]),
+        kv_events_endpoint=str(data.get("kv_events_endpoint", "")),
+        kv_events_replay_endpoint=str(data.get("kv_events_replay_endpoint", "")),
     )
 
 

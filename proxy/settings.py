@@ -54,6 +54,24 @@ def check_api_key(key: str) -> None:
         raise ValueError("an API key must be 1 or more printable ASCII characters, no spaces")
 
 
+def check_kv_events_endpoint(endpoint: str) -> str:
+    """An engine's KV-event address the proxy connects to: `tcp://HOST:PORT` or `ipc://PATH`.
+    A wildcard host would make the proxy bind instead, as the engine does with one."""
+    v = endpoint.strip()
+    if not v.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"a KV-events endpoint is tcp://HOST:PORT or ipc://PATH, got {v!r}")
+    if v.startswith("tcp://"):
+        host, _, port = v[len("tcp://") :].rpartition(":")
+        if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+            raise ValueError(f"a KV-events endpoint is tcp://HOST:PORT, got {v!r}")
+        if host in ("*", "[::]", "0.0.0.0"):
+            raise ValueError(
+                f"{v!r} is an address to bind: give the engine tcp://*:PORT and the proxy "
+                "tcp://ENGINE_HOST:PORT"
+            )
+    return v
+
+
 class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +83,11 @@ class BackendConfig(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     # Normally learned from the backend's /v1/models; set to pin them.
     models: list[str] = Field(default_factory=list)
+    # The engine's KV-cache event publisher (`tcp://ENGINE_HOST:PORT`; the engine binds
+    # `tcp://*:PORT`) and its replay socket: routing by the precise prefix-cache scorer
+    # (docs/policies.md). None: the engine publishes none; the approximate index is used.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     @field_validator("id")
     @classmethod
@@ -91,6 +114,17 @@ class BackendConfig(BaseModel):
             v = v[: -len("/v1")]
         return v
 
+    @field_validator("kv_events_endpoint", "kv_events_replay_endpoint")
+    @classmethod
+    def _zmq_endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_kv_events_endpoint(v)
+
+    @model_validator(mode="after")
+    def _replay_needs_events(self) -> BackendConfig:
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("kv_events_replay_endpoint needs kv_events_endpoint")
+        return self
+
     def to_spec(self) -> BackendSpec:
         return BackendSpec(
             id=self.id or default_backend_id(self.url),
@@ -100,6 +134,8 @@ class BackendConfig(BaseModel):
             unit=self.unit,
             labels=dict(self.labels),
             models=tuple(self.models),
+            kv_events_endpoint=self.kv_events_endpoint or "",
+            kv_events_replay_endpoint=self.kv_events_replay_endpoint or "",
         )
 
 
@@ -211,6 +247,20 @@ class Settings(BaseSettings):
     # tokenizer.json (run in a worker thread), or the backends' own /tokenize.
     token_counter: Literal["estimate", "hf", "remote"] = "estimate"
     tokenizer_path: str | None = None
+    # --- precise prefix-cache routing (docs/policies.md), only for a routing configuration
+    # with a precise-prefix-cache-scorer or a `precise_prefix` section. The prompt's token
+    # ids come from the backends' own /tokenize (`remote`), or from tokenizer_path (`hf`: a
+    # local tokenizer.json and the chat template of its tokenizer_config.json).
+    prompt_tokenizer: Literal["remote", "hf"] = "remote"
+    prompt_token_cache_tokens: int = Field(
+        4_000_000, ge=0, description="token ids of recent prompts kept (4 bytes each)"
+    )
+    # The topic the engines publish their KV-cache events under (`topic` of vLLM's
+    # --kv-events-config); "" takes every topic.
+    kv_events_topic: str = ""
+    kv_events_replay_timeout: float = Field(
+        2.0, gt=0, allow_inf_nan=False, description="seconds a replay of missed events may take"
+    )
     # How a decision with a prefill backend is carried out (proxy/disagg.py).
     pd_mode: Literal["orchestrated", "header"] = "orchestrated"
     pd_prefill_timeout: float = Field(30.0, gt=0)
@@ -568,6 +618,11 @@ class Settings(BaseSettings):
     def _tokenizer_needs_path(self) -> Settings:
         if self.token_counter == "hf" and not self.tokenizer_path:
             raise ValueError("token_counter 'hf' needs tokenizer_path (a local tokenizer.json)")
+        if self.prompt_tokenizer == "hf" and not self.tokenizer_path:
+            raise ValueError(
+                "prompt_tokenizer 'hf' needs tokenizer_path (a directory with tokenizer.json "
+                "and tokenizer_config.json)"
+            )
         return self
 
     def move_costs(self) -> MoveCosts:

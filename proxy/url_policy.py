@@ -125,6 +125,21 @@ async def refuse_reason(policy: UrlPolicy, url: str) -> str | None:
     why, host = policy.check_syntax(url)
     if why is not None:
         return why
+    return await refuse_host_reason(policy, host)
+
+
+async def refuse_kv_events_reason(policy: UrlPolicy, endpoint: str) -> str | None:
+    """Why a backend added at run time may not name `endpoint` (a `tcp://HOST:PORT` the proxy
+    would connect to) for its KV-cache events, or None when it may: its host passes as a
+    backend URL's would. A local socket (ipc://) only comes from the settings."""
+    if not endpoint.startswith("tcp://"):
+        return "only tcp:// KV-events endpoints may be added at run time"
+    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]").lower()
+    return await refuse_host_reason(policy, host)
+
+
+async def refuse_host_reason(policy: UrlPolicy, host: str) -> str | None:
+    """Why a host (lower case, no brackets) may not be a backend's, or None when it may."""
     address = _as_address(host)
     if address is not None:
         return policy.check_address(address)

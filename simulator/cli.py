@@ -10,6 +10,7 @@ import sys
 from fleet.types import Role
 from simulator.faults import parse_fault_update
 from simulator.fleet import DEFAULT_MODEL, start_fleet
+from simulator.kv_events_config import KvEventsConfig, parse_kv_events_config
 from simulator.lora import parse_lora_modules
 from simulator.profiles import DEFAULT_PROFILE, Profile, available_profiles, load_profile
 
@@ -64,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(a small cache fills with a few requests)",
     )
     p.add_argument(
+        "--kv-events-config",
+        type=_kv_events_config,
+        help='publish KV-cache events as vLLM does, e.g. \'{"enable_kv_cache_events": true, '
+        '"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": '
+        '"tcp://*:5558", "topic": "kv"}\'; engine i uses the ports plus i, and a wildcard '
+        "host is bound on --host",
+    )
+    p.add_argument(
         "--api-key",
         help="require `Authorization: Bearer KEY` on /v1/* as `vllm serve --api-key` does",
     )
@@ -102,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="real seconds after a crash until the engine answers again",
     )
     return p
+
+
+def _kv_events_config(text: str) -> KvEventsConfig:
+    try:
+        return parse_kv_events_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _fault_update(args: argparse.Namespace) -> dict[str, object]:
@@ -147,6 +163,7 @@ async def _serve(args: argparse.Namespace) -> int:
         model=args.model,
         api_key=args.api_key,
         lora=parse_lora_modules(args.lora_modules, args.max_loras),
+        kv_events=args.kv_events_config,
     )
     update = _fault_update(args)
     targets = (
@@ -158,6 +175,16 @@ async def _serve(args: argparse.Namespace) -> int:
         if update and i in targets:
             server.engine.faults.apply(update)
         print(server.url, flush=True)
+        publisher = server.kv_publisher
+        if publisher is not None:
+            replay = (
+                f", replays on {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
+            )
+            print(
+                f"{server.url} publishes KV events on {publisher.endpoint}{replay}",
+                file=sys.stderr,
+                flush=True,
+            )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

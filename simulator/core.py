@@ -67,12 +67,16 @@ class EngineCore:
         lm: DeterministicLM,
         listener: CoreListener | None = None,
         max_loras: int | None = None,
+        *,
+        record_kv_events: bool = False,
     ) -> None:
         self.profile = profile
         self.tokenizer = tokenizer
         self.lm = lm
         self.listener = listener or CoreListener()
-        self.pool = BlockPool(profile.num_gpu_blocks, profile.enable_prefix_caching)
+        self.pool = BlockPool(
+            profile.num_gpu_blocks, profile.enable_prefix_caching, record_events=record_kv_events
+        )
         self.block_size = profile.block_size
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -133,10 +137,9 @@ class EngineCore:
         hit_blocks = self._lookup_prefix(req, limit_tokens=to_load)
         hit_tokens = len(hit_blocks) * self.block_size
         need = -(-to_load // self.block_size) - len(hit_blocks)
-        fresh = self.pool.allocate(need) if need > 0 else []
+        fresh = self.pool.reuse_and_allocate(hit_blocks, max(need, 0))
         if fresh is None:
             return None
-        self.pool.touch(hit_blocks)
         req.blocks = hit_blocks + fresh
         req.num_cached_blocks = len(hit_blocks)
         req.status = Status.WAITING_FOR_REMOTE_KVS
@@ -296,11 +299,10 @@ class EngineCore:
         computed = req.num_computed + len(hits) * self.block_size
         n = min(req.num_tokens - computed, budget)
         need = -(-(computed + n) // self.block_size) - len(req.blocks) - len(hits)
-        fresh = self.pool.allocate(need) if need > 0 else []
+        fresh = self.pool.reuse_and_allocate(hits, max(need, 0))
         if fresh is None:
             return None
         if hits:
-            self.pool.touch(hits)
             req.blocks = hits + req.blocks
             req.num_cached_blocks = len(hits)
             req.num_computed = computed
@@ -337,8 +339,17 @@ class EngineCore:
             req.block_hashes = chain_hashes(
                 req.all_token_ids(), self.block_size, req.block_hashes, _root(req)
             )
-        for b in range(req.num_cached_blocks, full):
+        first = req.num_cached_blocks
+        for b in range(first, full):
             self.pool.cache(req.blocks[b], req.block_hashes[b])
+        if self.pool.records_events:
+            size = self.block_size
+            self.pool.record_stored(
+                req.block_hashes[first:full],
+                req.block_hashes[first - 1] if first else None,
+                req.all_token_ids()[first * size : full * size],
+                size,
+            )
         req.num_cached_blocks = full
 
     def _sample(self, req: SimRequest, now: float) -> None:

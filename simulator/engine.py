@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import Any
+from collections.abc import Callable, Sequence
+from time import time as wall_time
+from typing import Any, Protocol
 
 import aiohttp
 
+from fleet.kv_events import KvEvent
 from simulator.core import EngineCore
 from simulator.faults import FaultState
 from simulator.lm import DeterministicLM
@@ -30,6 +33,14 @@ from simulator.tokenizer import Tokenizer
 _IDLE_WAKE_S = 1.0
 
 
+class KvEventSink(Protocol):
+    """Where an engine's KV-cache events go (simulator/kv_publisher.py)."""
+
+    def publish(self, events: Sequence[KvEvent], ts: float) -> int: ...
+
+    def restart(self) -> None: ...
+
+
 class Engine:
     def __init__(
         self,
@@ -40,6 +51,8 @@ class Engine:
         model_name: str,
         engine_id: str,
         lora: LoraConfig | None = None,
+        kv_events: KvEventSink | None = None,
+        wall_clock: Callable[[], float] = wall_time,
     ) -> None:
         self.profile = profile
         self.lora = lora or LoraConfig()
@@ -50,6 +63,9 @@ class Engine:
         self.engine_id = engine_id
         self.faults = FaultState()
         self.metrics = SimMetrics(model_name, profile, lora=self.lora)
+        # Batches are stamped with wall-clock seconds, as vLLM stamps them.
+        self.kv_events = kv_events
+        self._wall_clock = wall_clock
         self.core = self._new_core()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -93,11 +109,33 @@ class Engine:
         self.metrics = SimMetrics(self.model_name, self.profile, lora=self.lora)
         self.core = self._new_core()
         self.core.slowdown = self.faults.settings.slowdown
+        if self.kv_events is not None:
+            self.kv_events.restart()  # a new engine process numbers its batches from 0
         self._wake.set()
 
     def _new_core(self) -> EngineCore:
         max_loras = self.lora.max_loras if self.lora.enabled else None
-        return EngineCore(self.profile, self.tokenizer, self.lm, self.metrics, max_loras)
+        return EngineCore(
+            self.profile,
+            self.tokenizer,
+            self.lm,
+            self.metrics,
+            max_loras,
+            record_kv_events=self.kv_events is not None,
+        )
+
+    def flush_kv_events(self) -> None:
+        """Publish what the cache did since the last flush as one batch (none if nothing)."""
+        sink = self.kv_events
+        if sink is not None:
+            events = self.core.pool.take_events()
+            if events:
+                sink.publish(events, self._wall_clock())
+
+    def reset_prefix_cache(self) -> bool:
+        done = self.core.pool.reset_prefix_cache()
+        self.flush_kv_events()
+        return done
 
     # ---- requests ---------------------------------------------------------------------------
     def new_request(
@@ -164,6 +202,7 @@ class Engine:
         if not ok:
             self.metrics.nixl_failed_transfers.inc()
         self.core.finish_remote_prefill(req, ok)
+        self.flush_kv_events()
         self._wake.set()
 
     def release_held(self, request_id: str) -> SimRequest | None:
@@ -215,6 +254,7 @@ class Engine:
             await self._wait_generating()  # a hang or stall that began mid-step holds its result
             if core is self.core:  # not reset (crash) while the step ran
                 core.finish_step(step, end)
+                self.flush_kv_events()  # one batch per step, as vLLM publishes
 
     async def _wait_generating(self) -> None:
         if not self.faults.generating.is_set():

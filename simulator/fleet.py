@@ -16,6 +16,8 @@ from types import TracebackType
 
 from fleet.types import Role
 from simulator.engine import Engine
+from simulator.kv_events_config import KvEventsConfig
+from simulator.kv_publisher import KvEventPublisher
 from simulator.lora import LoraConfig
 from simulator.profiles import DEFAULT_PROFILE, Profile, load_profile
 from simulator.server import EngineServer
@@ -65,13 +67,16 @@ async def start_fleet(
     tokenizer: Tokenizer | None = None,
     api_key: str | None = None,
     lora: LoraConfig | None = None,
+    kv_events: KvEventsConfig | None = None,
 ) -> SimFleet:
     """Start `engines` engines on ports base_port, base_port+1, ... (0: ephemeral ports).
 
     `role` is one role for all engines or one per engine; every engine can act on both sides
     of a P/D transfer (kv_both), the role is what the fleet reports for routing. `api_key`:
     each engine requires it on /v1/*, as `vllm serve --api-key` does. `lora`: the LoRA
-    adapters every engine serves (`--lora-modules`, `--max-loras`).
+    adapters every engine serves (`--lora-modules`, `--max-loras`). `kv_events`: the
+    engines publish their KV-cache events (`--kv-events-config`), engine i on the configured
+    ports plus i (its `kv_publisher` has the addresses bound).
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     roles = [Role(role)] * engines if isinstance(role, str | Role) else [Role(r) for r in role]
@@ -83,6 +88,11 @@ async def start_fleet(
     try:
         for i in range(engines):
             port = base_port + i if base_port else 0
+            publisher = (
+                KvEventPublisher(kv_events.for_engine(i, host), kv_events)
+                if kv_events is not None and kv_events.publishes
+                else None
+            )
             engine = Engine(
                 profile=prof,
                 tokenizer=tok,
@@ -90,9 +100,15 @@ async def start_fleet(
                 model_name=model,
                 engine_id=f"sim-{i}-{port or 'auto'}",
                 lora=lora,
+                kv_events=publisher,
             )
-            server = EngineServer(engine, host, port, roles[i], api_key)
-            await server.start()
+            server = EngineServer(engine, host, port, roles[i], api_key, publisher)
+            try:
+                await server.start()
+            except BaseException:
+                if publisher is not None:
+                    await publisher.close()
+                raise
             engine.engine_id = f"sim-{host}:{server.port}"
             started.append(server)
     except BaseException:

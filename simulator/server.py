@@ -21,6 +21,7 @@ from aiohttp import web
 from fleet.types import Role
 from simulator.engine import Engine
 from simulator.faults import FaultState, parse_fault_update
+from simulator.kv_publisher import KvEventPublisher
 from simulator.metrics import METRICS_CONTENT_TYPE
 from simulator.openai_api import (
     CHAT,
@@ -59,8 +60,11 @@ class EngineServer:
         port: int,
         role: Role = Role.BOTH,
         api_key: str | None = None,
+        kv_publisher: KvEventPublisher | None = None,
     ) -> None:
         self.engine = engine
+        # The engine's KV-event sockets, when it publishes (started and closed with it).
+        self.kv_publisher = kv_publisher
         # As `vllm serve --api-key`: /v1/* needs `Authorization: Bearer <key>`, other paths
         # (/health, /metrics, /tokenize...) stay open.
         self.api_key = api_key
@@ -113,6 +117,8 @@ class EngineServer:
         )
         await self._runner.setup()
         await self._listen()
+        if self.kv_publisher is not None:
+            self.kv_publisher.start()
         self.engine.start()
 
     async def _listen(self) -> None:
@@ -131,6 +137,8 @@ class EngineServer:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         await self.engine.stop()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -282,7 +290,7 @@ class EngineServer:
         return _json({"aborted": aborted})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
-        ok = self.engine.core.pool.reset_prefix_cache()
+        ok = self.engine.reset_prefix_cache()
         return web.Response(status=200 if ok else 409)
 
     # ---- admin ------------------------------------------------------------------------------

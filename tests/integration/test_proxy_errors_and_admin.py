@@ -341,6 +341,30 @@ async def test_a_backend_id_or_url_that_cannot_go_in_a_header_is_refused(backend
         assert len(list(app.core.fleet)) == 1
 
 
+async def test_a_backend_added_at_run_time_names_only_allowed_kv_events_endpoints(backend):
+    async with running_proxy(fast_settings([backend.url])) as (url, app):
+        async with httpx.AsyncClient(base_url=url) as c:
+            far = await c.post(
+                "/admin/backends",
+                json={"url": "http://127.0.0.1:9", "kv_events_endpoint": "tcp://8.8.8.8:5557"},
+            )
+            near = await c.post(
+                "/admin/backends",
+                json={
+                    "url": "http://127.0.0.1:9",
+                    "kv_events_endpoint": "tcp://127.0.0.1:5557",
+                    "kv_events_replay_endpoint": "tcp://127.0.0.1:5558",
+                },
+            )
+        assert far.status_code == 403
+        assert "KV-events endpoint refused" in far.json()["error"]["message"]
+        assert near.status_code == 201, near.text
+        assert near.json()["kv_events_endpoint"] == "tcp://127.0.0.1:5557"
+        added = app.core.fleet.get("127.0.0.1:9")
+        assert added is not None
+        assert added.spec.kv_events_replay_endpoint == "tcp://127.0.0.1:5558"
+
+
 async def test_a_backend_removed_and_added_again_at_once_is_scraped(backend):
     """The scraper keys its loops by the backend object: the re-added backend gets one."""
     async with (

@@ -49,10 +49,15 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float = 15.
 
 @contextlib.asynccontextmanager
 async def serve(
-    backends: list[str], *extra: str, listen: str = "reuseport", workers: int = 2
+    backends: list[str],
+    *extra: str,
+    listen: str = "reuseport",
+    workers: int = 2,
+    routable: int | None = None,
 ) -> AsyncIterator[Served]:
     """A proxy of `workers` processes on a port of its own choosing (read from its banner),
-    every worker routing to every backend before this yields."""
+    every worker routing to every backend (or to `routable` backends, when a --config names
+    them) before this yields."""
     cmd = [sys.executable, "-m", "proxy.cli", "serve", "--workers", str(workers), "--port", "0"]
     cmd += ["--log-level", "warning", *extra]
     for b in backends:
@@ -77,7 +82,8 @@ async def serve(
             async def every_worker_routes() -> bool:
                 with contextlib.suppress(httpx.HTTPError):
                     rows = (await served.workers(client))["rows"]
-                    return all(r["routable"] == len(backends) for r in rows)
+                    want = len(backends) if routable is None else routable
+                    return all(r["routable"] == want for r in rows)
                 return False
 
             await wait_for(every_worker_routes, within=30)

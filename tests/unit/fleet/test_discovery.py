@@ -113,6 +113,30 @@ def test_a_pod_is_a_backend_by_its_name_ip_port_and_labels() -> None:
     assert (bare.url, bare.role, bare.node, bare.unit) == ("http://[fd00::5]:9", Role.BOTH, "n", "")
 
 
+def test_a_pods_kv_events_ports_become_its_event_endpoints_at_its_ip() -> None:
+    annotations = {
+        "fleet-proxy.io/kv-events-port": "5557",
+        "fleet-proxy.io/kv-events-replay-port": "5558",
+    }
+    spec_v4 = backend_from_pod(ready_pod("a", "10.0.0.9", annotations=annotations), 8000)
+    assert spec_v4.kv_events_endpoint == "tcp://10.0.0.9:5557"
+    assert spec_v4.kv_events_replay_endpoint == "tcp://10.0.0.9:5558"
+    only_events = {"fleet-proxy.io/kv-events-port": "6000"}
+    spec_v6 = backend_from_pod(ready_pod("b", "fd00::7", annotations=only_events), 8000)
+    assert (spec_v6.kv_events_endpoint, spec_v6.kv_events_replay_endpoint) == (
+        "tcp://[fd00::7]:6000",
+        "",
+    )
+    assert backend_from_pod(ready_pod("c", "10.0.0.1"), 8000).kv_events_endpoint == ""
+    bad = [
+        ready_pod("x", "10.0.0.2", annotations={"fleet-proxy.io/kv-events-port": "0"}),
+        ready_pod("y", "10.0.0.3", annotations={"fleet-proxy.io/kv-events-replay-port": "9"}),
+    ]
+    _, faults = desired_from_pods(bad, 8000)
+    assert "kv-events-port '0'" in faults["x"]
+    assert "kv-events-replay-port needs" in faults["y"]
+
+
 def test_only_serving_pods_are_wanted_and_bad_annotations_are_named() -> None:
     pods = [
         ready_pod("ok", "10.0.0.1"),

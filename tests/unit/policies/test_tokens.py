@@ -6,9 +6,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from fleet.tokens import TokenCounter
+from tests.support.word_tokenizer import save_word_tokenizer
 
 
 @pytest.mark.parametrize(
@@ -24,15 +25,9 @@ async def test_estimate_mode_count_is_the_estimate() -> None:
 
 @pytest.fixture
 def tokenizer_json(tmp_path: Path) -> Path:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        ["the quick brown fox jumps over the lazy dog"],
-        trainers.WordLevelTrainer(special_tokens=["[UNK]"]),
+    return save_word_tokenizer(
+        tmp_path / "tokenizer.json", "the quick brown fox jumps over the lazy dog"
     )
-    path = tmp_path / "tokenizer.json"
-    tok.save(str(path))
-    return path
 
 
 async def test_hf_tokenizer_counts_words_off_the_event_loop(tokenizer_json: Path) -> None:

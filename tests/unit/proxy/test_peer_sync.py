@@ -38,7 +38,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[PeerSync, PeerSync]]:
 def test_spec_survives_the_log() -> None:
     spec = BackendSpec(
         id="x", url="http://x:1", role=Role.DECODE, node="n", unit="u", labels={"k": "v"},
-        models=("m",),
+        models=("m",), kv_events_endpoint="tcp://x:5557", kv_events_replay_endpoint="tcp://x:5558",
     )  # fmt: skip
     assert spec_from_change(spec_to_change(spec)["spec"]) == spec
 

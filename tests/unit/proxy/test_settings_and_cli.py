@@ -40,12 +40,40 @@ def test_env_backends_as_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"backends": [{"url": "http://a:1", "role": "leader"}]}, "backends.0.role"),
         ({"log_level": "loud"}, "log_level"),
         ({"no_such_setting": 1}, "no_such_setting"),
+        # The proxy connects to the engine's publisher; a wildcard host would bind.
+        ({"backends": [{"url": "http://a:1", "kv_events_endpoint": "tcp://*:5557"}]},
+         "backends.0.kv_events_endpoint"),
+        ({"backends": [{"url": "http://a:1", "kv_events_endpoint": "a:5557"}]},
+         "backends.0.kv_events_endpoint"),
+        ({"backends": [{"url": "http://a:1", "kv_events_replay_endpoint": "tcp://a:5558"}]},
+         "backends.0"),
     ],
-)
+)  # fmt: skip
 def test_invalid_settings_name_the_field(overrides: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as e:
         load_settings(overrides)
     assert f"  {field}:" in str(e.value)
+
+
+def test_a_backends_kv_events_endpoints_reach_its_spec() -> None:
+    s = load_settings(
+        {
+            "backends": [
+                {
+                    "url": "http://a:1",
+                    "kv_events_endpoint": " tcp://a:5557",
+                    "kv_events_replay_endpoint": "tcp://[fd00::1]:5558",
+                },
+                "http://b:1",
+            ]
+        }
+    )
+    a, b = s.backend_specs()
+    assert (a.kv_events_endpoint, a.kv_events_replay_endpoint) == (
+        "tcp://a:5557",
+        "tcp://[fd00::1]:5558",
+    )
+    assert (b.kv_events_endpoint, b.kv_events_replay_endpoint) == ("", "")
 
 
 def test_duplicate_backend_ids_are_refused() -> None:

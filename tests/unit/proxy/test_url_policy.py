@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from proxy.settings import Settings
-from proxy.url_policy import UrlPolicy, is_loopback, parse_allow_entry, refuse_reason
+from proxy.url_policy import (
+    UrlPolicy,
+    is_loopback,
+    parse_allow_entry,
+    refuse_kv_events_reason,
+    refuse_reason,
+)
 
 
 def default_policy(**extra: object) -> UrlPolicy:
@@ -79,3 +85,21 @@ def test_allow_entries_are_checked_at_start_up() -> None:
 def test_loopback_clients() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
     assert not is_loopback("10.0.0.1") and not is_loopback("testclient")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [
+        ("tcp://127.0.0.1:5557", None),
+        ("tcp://[::1]:5557", None),
+        ("tcp://10.0.0.5:5558", None),
+        ("tcp://8.8.8.8:5557", "not inside backend_url_allow"),
+        ("tcp://169.254.169.254:5557", "link-local"),
+        ("ipc:///run/engine.sock", "only tcp://"),
+    ],
+)
+async def test_kv_events_endpoints_added_at_run_time_pass_as_backend_hosts(
+    endpoint: str, why: str | None
+) -> None:
+    refused = await refuse_kv_events_reason(default_policy(), endpoint)
+    assert refused is None if why is None else why in (refused or "")

@@ -38,10 +38,12 @@ def small_profile(**overrides: object) -> Profile:
 class CoreHarness:
     """An EngineCore plus helpers to make requests and run steps on a fake clock."""
 
-    def __init__(self, tokenizer: Tokenizer, **overrides: object) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, *, record_kv_events: bool = False, **overrides: object
+    ) -> None:
         self.profile = small_profile(**overrides)
         self.lm = DeterministicLM(tokenizer.generatable, self.profile.eos_probability)
-        self.core = EngineCore(self.profile, tokenizer, self.lm)
+        self.core = EngineCore(self.profile, tokenizer, self.lm, record_kv_events=record_kv_events)
         self.now = 0.0
         self._n = 0
 
