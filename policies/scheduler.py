@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from fleet.prefix import capacity_from_cache_config
 from fleet.types import Backend
 from policies.base import Decision, NoCandidate, RequestContext
-from policies.metrics import SchedulerMetrics
+from policies.metrics import PoolSource, SchedulerMetrics
 from policies.plugin import ProfileHandler, ProfileRunner, RoutingServices, SchedulingRequest
 
 
@@ -39,7 +39,6 @@ class Scheduler:
         self.explain_all = explain_all
         self._picked_hooks = [p for p in self.plugins if hasattr(p, "on_picked")]
         self._metrics: SchedulerMetrics | None = None
-        self._pools: dict[str, Sequence[Backend]] = {}  # model -> last candidates seen
         self.decisions = 0
         self.failures = 0
 
@@ -53,7 +52,6 @@ class Scheduler:
             explain=ctx.debug or self.explain_all,
             timer=metrics.observe_plugin if metrics else None,
         )
-        self._pools[ctx.model] = candidates
         try:
             if not candidates:
                 raise NoCandidate(f"no backend serves {ctx.model!r}")
@@ -121,8 +119,6 @@ class Scheduler:
             hook = getattr(plugin, "on_backend_removed", None)
             if hook is not None:
                 hook(backend_id)
-        for model, pool in list(self._pools.items()):
-            self._pools[model] = [b for b in pool if b.id != backend_id]
 
     def end_program(self, program_id: str) -> bool:
         ended = False
@@ -132,10 +128,11 @@ class Scheduler:
                 ended = True
         return ended
 
-    def bind_metrics(self, registry: CollectorRegistry) -> None:
-        self._metrics = SchedulerMetrics(
-            registry, lambda: self._pools, lambda: self.services.prefix_index
-        )
+    def bind_metrics(self, registry: CollectorRegistry, pools: PoolSource) -> None:
+        """Register the scheduler's metrics; `pools` gives, when /metrics is scraped, the
+        backends that may take a request now per model (the fleet's, not one pick's: a retry
+        is offered only the backends not tried yet)."""
+        self._metrics = SchedulerMetrics(registry, pools, lambda: self.services.prefix_index)
         for plugin in self.plugins:
             hook = getattr(plugin, "bind_metrics", None)
             if hook is not None:

@@ -134,7 +134,7 @@ class ProxyCore:
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
         bind = getattr(self.policy, "bind_metrics", None)
         if callable(bind):
-            bind(self.prom)
+            bind(self.prom, self.routable_pools)
         removed = getattr(self.policy, "on_backend_removed", None)
         if callable(removed):
             self.fleet.on_removed(removed)
@@ -220,6 +220,13 @@ class ProxyCore:
         if pool is None:
             raise RuntimeError("the proxy is not started")
         return pool
+
+    def routable_pools(self) -> dict[str, list[Backend]]:
+        """Per model a backend names, the backends that may take a request for it now: what
+        routing is offered before any is tried (the pool gauges, read at scrape time)."""
+        now = self.clock.now()
+        models = dict.fromkeys(m for b in self.fleet for m in b.spec.models)
+        return {m: self.fleet.candidates(m, now) for m in models}
 
     def backend_urls(self, model: str) -> list[str]:
         """Base URLs of the backends that may take a request for `model` now."""

@@ -124,9 +124,7 @@ def context(text: str, session: int, debug: bool) -> RequestContext:
 
 def build(name: str) -> Policy:
     policy = build_routing(EPP_YAML_LIKE) if name == "epp_yaml" else build_policy(name)
-    bind = getattr(policy, "bind_metrics", None)
-    if bind is not None:
-        bind(CollectorRegistry())
+    policy.bind_metrics(CollectorRegistry(), dict)  # with its metrics on, as in the proxy
     return policy
 
 
