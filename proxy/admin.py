@@ -357,17 +357,15 @@ def admin_router(
 
     @router.get("/policy")
     async def policy_state() -> dict[str, Any]:
-        stats = getattr(core.policy, "stats", None)
-        return {"name": core.policy.name, "stats": stats() if callable(stats) else {}}
+        return {"name": core.policy.name, "stats": core.policy.stats()}
 
     @router.delete("/programs/{program_id}")
     async def end_program(program_id: str) -> JSONResponse:
-        end = getattr(core.policy, "end_program", None)
-        if not callable(end):
+        if not core.policy.keeps_programs():
             raise HTTPException(
                 status_code=409, detail=f"policy {core.policy.name!r} keeps no programs"
             )
-        if not end(program_id):
+        if not core.policy.end_program(program_id):
             raise HTTPException(status_code=404, detail=f"no program {program_id!r}")
         return JSONResponse({"ended": program_id})
 

@@ -27,6 +27,7 @@ from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
+from policies.base import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
 from proxy.ejection import EjectionGuard
@@ -102,9 +103,10 @@ class ProxyCore:
         static = StaticSource(settings.backend_specs())
         for spec in reconcile(static.name, (), static.desired).add:
             self.fleet.add(spec)
-        self.policy = make_policy(settings)
+        scheduler = make_policy(settings)
+        self.policy: Policy = scheduler
         # The engines' own KV-cache events, followed only when the policy routes by them.
-        self.precise_index = self.policy.services.precise_index
+        self.precise_index = scheduler.services.precise_index
         self.kv_events: KvEventSubscribers | None = None
         if self.precise_index is not None:
             self.kv_events = KvEventSubscribers(
@@ -115,7 +117,6 @@ class ProxyCore:
                 replay_timeout_s=settings.kv_events_replay_timeout,
             )
         self.prompt_tokens: PromptTokens | None = None  # built in start(), with the index
-        self.policy_on_finish = getattr(self.policy, "on_finish", None)
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
         self.metrics = RouterMetrics(self.prom, self.fleet.knows_model)
@@ -132,12 +133,8 @@ class ProxyCore:
         PlatformCollector(registry=self.prom)
         GCCollector(registry=self.prom)
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
-        bind = getattr(self.policy, "bind_metrics", None)
-        if callable(bind):
-            bind(self.prom, self.routable_pools)
-        removed = getattr(self.policy, "on_backend_removed", None)
-        if callable(removed):
-            self.fleet.on_removed(removed)
+        self.policy.bind_metrics(self.prom, self.routable_pools)
+        self.fleet.on_removed(self.policy.on_backend_removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
         self.request_log: JsonRequestLog | None = None
         if settings.request_log == "json":
