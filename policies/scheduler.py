@@ -3,8 +3,8 @@
 `pick` is pure routing (no I/O, no await). After a decision it records what the fleet will now
 hold (the prompt's blocks in the prefix index of the chosen backends, sized from their
 `cache_config_info`) and lets plugins with an `on_picked` hook remember affinities. The other
-calls of the policy seam (policies/base.py) fan out to the plugins that declare the matching
-hook (policies/plugin.py), collected once here.
+calls of the policy seam (policies/policy.py) fan out to the plugins that declare the matching
+hook (policies/framework.py), collected once here.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from fleet.prefix import capacity_from_cache_config
 from fleet.types import Backend
-from policies.base import Decision, NoCandidate, RequestContext
-from policies.metrics import PoolSource, SchedulerMetrics
-from policies.plugin import (
+from policies.framework import (
     BackendObserver,
     MetricsUser,
     PickObserver,
@@ -30,6 +28,8 @@ from policies.plugin import (
     SchedulingRequest,
     StatsReporter,
 )
+from policies.metrics import PoolSource, SchedulerMetrics
+from policies.policy import Decision, NoCandidate, RequestContext
 
 
 class Scheduler:
@@ -121,7 +121,7 @@ class Scheduler:
                     index.set_capacity(backend.id, blocks)
             index.record(backend.id, hashes)
 
-    # The rest of the policy seam (policies/base.py).
+    # The rest of the policy seam (policies/policy.py).
 
     def on_backend_removed(self, backend_id: str) -> None:
         if self.services.prefix_index is not None:

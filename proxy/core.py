@@ -27,7 +27,7 @@ from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
-from policies.base import Policy
+from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
 from proxy.ejection import EjectionGuard

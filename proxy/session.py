@@ -36,7 +36,7 @@ from tenacity import (
 )
 
 from fleet.types import Backend
-from policies.base import RequestContext
+from policies.policy import RequestContext
 from proxy.accounting import Dispatch
 from proxy.asgi import Send, response_headers
 from proxy.assemble import Assembler

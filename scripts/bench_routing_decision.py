@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fleet.types import Backend, BackendSpec, EngineMetrics, Load, MetricsSnapshot
-from policies.base import Policy, RequestContext
+from policies.policy import Policy, RequestContext
 from policies.registry import build_policy, build_routing
 
 MODEL = "bench-model"

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
+from policies.framework import PluginBase, SchedulingRequest
 from policies.loads import kv_usage, pending_prefill_tokens, queue_size, running_size
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
 from policies.scorers.normalize import inverse_min_max
 
 

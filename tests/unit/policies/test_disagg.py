@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fleet.types import Backend, Role
-from policies.base import NoCandidate
+from policies.policy import NoCandidate
 from policies.registry import build_routing
 from tests.unit.policies.builders import backend, ctx, text_blocks
 

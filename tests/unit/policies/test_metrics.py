@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.types import EngineMetrics
-from policies.base import NoCandidate
+from policies.policy import NoCandidate
 from policies.registry import build_policy, build_routing
 from tests.unit.policies.builders import backend, ctx, text_blocks
 

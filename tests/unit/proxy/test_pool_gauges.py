@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.clock import FakeClock
 from fleet.types import EngineMetrics, MetricsSnapshot
-from policies.base import RequestContext
+from policies.policy import RequestContext
 from proxy.core import ProxyCore
 from proxy.settings import load_settings
 

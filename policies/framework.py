@@ -1,5 +1,8 @@
 """Contracts of the Filter -> Score -> Pick framework and the per-request state.
 
+Every plugin carries its type (the registry key) and its instance name (from config):
+`PluginBase`, or `SeededPlugin` for one that draws random numbers.
+
 A scheduling profile runs its filters in order, sums `weight x score` over its scorers (each
 score in [0, 1], higher is better) and hands the totals to one picker. A profile handler
 decides which profiles run and turns their picks into a `Decision`. A whole algorithm (LMetric,
@@ -12,6 +15,7 @@ plugin against them once, when it is built, and keeps the bound hooks.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,13 +32,28 @@ from fleet.precise_prefix import (
 )
 from fleet.prefix import PrefixIndex, PrefixMatch
 from fleet.types import Backend
-from policies.base import Decision, RequestContext
 from policies.latency import LatencyCycle
+from policies.policy import Decision, RequestContext
 
 _NO_MATCH = PrefixMatch(0, MappingProxyType({}), 1)  # read-only: shared by every request
 
 # (extension point, plugin type, plugin name, seconds) -> None: plugin latency sink.
 PluginTimer = Callable[[str, str, str, float], None]
+
+
+class PluginBase:
+    type = ""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name or self.type
+
+
+class SeededPlugin(PluginBase):
+    """A plugin that draws random numbers; `seed` makes it reproducible (None: from the OS)."""
+
+    def __init__(self, seed: int | None = None, name: str = "") -> None:
+        super().__init__(name)
+        self._rng = random.Random(seed)
 
 
 class RoutingServices:
