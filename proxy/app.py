@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from fleet.change_log import ChangeLog
+from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
 from proxy.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
@@ -34,7 +35,7 @@ from proxy.core import ProxyCore
 from proxy.discovery_loop import kubernetes_discovery
 from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder
-from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync, SharedChanges, WorkerSeat
+from proxy.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.planner_admin import ColocatedPlanner
 from proxy.settings import Settings
 
