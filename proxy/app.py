@@ -233,7 +233,6 @@ def create_app(
 
     control.include_router(admin_router(core, changes, sync, planner))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
-    control.state.core = core
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
     return FleetProxyApp(core, control, keys)
