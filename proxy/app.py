@@ -48,17 +48,17 @@ class FleetProxyApp:
     With client keys (`keys`) both sides check them; without, neither does any extra work.
     `asgi` is what the server runs: this app, or this app behind CORS when origins are set."""
 
-    def __init__(self, core: ProxyCore, control: FastAPI, keys: KeyCheck | None = None) -> None:
+    def __init__(self, core: ProxyCore, control_app: FastAPI, keys: KeyCheck | None = None) -> None:
         self.core = core
-        self.control = control
-        self._control: AsgiApp = control
+        self.control_app = control_app  # the FastAPI app of the control plane
+        self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
         if keys is None:
             self.forwarder = Forwarder(core)
         else:
             self.forwarder = KeyedForwarder(core, keys)
-            self._control = ControlPlaneKeys(control, keys)
+            self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
         s = core.settings
         self.admission: AdmissionGate | None = None

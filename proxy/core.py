@@ -144,7 +144,7 @@ class ProxyCore:
         self._log_task: asyncio.Task[None] | None = None
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
-        self.control: httpx.AsyncClient | None = None
+        self.control_client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         # Set when a stop's grace period is over and the server closes the connections left:
         # their requests end as cut by the proxy (503), not as left by their clients.
@@ -169,7 +169,7 @@ class ProxyCore:
             max_idle_per_origin=s.max_connections,
             fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
         )
-        self.control = httpx.AsyncClient(
+        self.control_client = httpx.AsyncClient(
             timeout=s.scrape_timeout,
             limits=httpx.Limits(max_connections=256),
             headers={"authorization": auth} if auth else None,
@@ -178,15 +178,15 @@ class ProxyCore:
             s.token_counter,
             chars_per_token=s.chars_per_token,
             tokenizer_path=s.tokenizer_path,
-            client=self.control,
+            client=self.control_client,
             tokenize_url_for=self._tokenize_url,
         )
         if self.kv_events is not None:
-            self.prompt_tokens = make_prompt_tokens(s, self, self.control)
+            self.prompt_tokens = make_prompt_tokens(s, self, self.control_client)
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         scraper = Scraper(
             self.fleet,
-            self.control,
+            self.control_client,
             self.clock,
             interval=s.scrape_interval,
             health_interval=s.health_interval,
@@ -243,8 +243,8 @@ class ProxyCore:
         self._tasks.clear()
         if self.upstream is not None:
             await self.upstream.close()
-        if self.control is not None:
-            await self.control.aclose()
+        if self.control_client is not None:
+            await self.control_client.aclose()
         if self.request_log is not None:
             # Last: every request has finished by now, and its line goes out.
             self.request_log.stop()

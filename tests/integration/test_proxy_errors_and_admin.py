@@ -390,7 +390,7 @@ async def test_the_openapi_schema_describes_admin_refusals_as_they_are_answered(
     shape, and a migrate that does not move answers 409 with its outcome."""
     settings = fast_settings([backend.url], admin_token="s3cret")
     async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
-        schema = app.control.openapi()
+        schema = app.control_app.openapi()
         for path, operations in schema["paths"].items():
             if not path.startswith("/admin/"):
                 continue
