@@ -29,10 +29,3 @@ def with_poisson_arrivals(workload: Workload, rate: float, seed: int) -> Workloa
         dataclasses.replace(s, arrival_s=t) for s, t in zip(workload.sessions, offsets, strict=True)
     )
     return dataclasses.replace(workload, sessions=sessions)
-
-
-def even_arrivals(workload: Workload, interval_s: float) -> Workload:
-    sessions = tuple(
-        dataclasses.replace(s, arrival_s=i * interval_s) for i, s in enumerate(workload.sessions)
-    )
-    return dataclasses.replace(workload, sessions=sessions)

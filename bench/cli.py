@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arrivals import with_poisson_arrivals
+from bench.event_loop import run_loop
 from bench.runner import RunOptions
 from bench.summary import parse_slo
 from bench.workload import Workload
@@ -379,20 +380,6 @@ def run_main(argv: list[str]) -> int:
         )
         return 1
     return 0
-
-
-def run_loop(coro: Any) -> Any:
-    """Run on uvloop when installed (less client CPU per request), else asyncio's loop.
-    asyncio.Runner turns the first Ctrl-C into a cancellation of the main task, which the
-    campaign catches to write what it collected."""
-    try:
-        import uvloop
-
-        factory: Any = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
 
 
 def main(argv: list[str] | None = None) -> int:

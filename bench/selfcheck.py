@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import replace
 
+from bench.event_loop import run_loop
 from bench.records import RequestRecord
 from bench.runner import Replay, RunOptions
 from bench.summary import summarize
@@ -54,8 +55,6 @@ def selfcheck_main(argv: list[str]) -> int:
             mode="closed",
             concurrency=args.concurrency,
         )
-        from bench.cli import run_loop
-
         cpu0, wall0 = time.process_time(), time.perf_counter()
         run_loop(Replay(replace(opts), "selfcheck", 0, records.append).run(workload))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

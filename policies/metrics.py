@@ -2,7 +2,8 @@
 
 Everything registers on the registry the proxy passes to `bind_metrics`; nothing touches the
 global default registry. Pool gauges and the prefix index size are computed when /metrics is
-scraped (a custom collector), so they cost the hot path nothing.
+scraped (a custom collector), so they cost the hot path nothing: the pools are the fleet's
+backends that may take a request for each model then, as the proxy's `PoolSource` gives them.
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ _LATENCY_BUCKETS = (
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _BYTES_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
+# () -> {model: the backends that may take a request for it now}, called at scrape time.
+PoolSource = Callable[[], Mapping[str, Sequence[Backend]]]
+
 
 class _PoolCollector(Collector):
     def __init__(
         self,
-        pools: Callable[[], Mapping[str, Sequence[Backend]]],
+        pools: PoolSource,
         index: Callable[[], PrefixIndex | None],
     ) -> None:
         self._pools = pools
@@ -92,7 +96,7 @@ class SchedulerMetrics:
     def __init__(
         self,
         registry: CollectorRegistry,
-        pools: Callable[[], Mapping[str, Sequence[Backend]]],
+        pools: PoolSource,
         index: Callable[[], PrefixIndex | None],
     ) -> None:
         self.attempts = Counter(

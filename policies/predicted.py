@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
+from policies.framework import SchedulingRequest
 from policies.latency import (
     LatencyCycle,
     LatencyModel,
@@ -25,7 +26,6 @@ from policies.latency import (
     predict,
 )
 from policies.loads import pending_prefill_tokens
-from policies.plugin import SchedulingRequest
 
 _UNOBSERVED = Rates(None, None, 1.0, None)
 

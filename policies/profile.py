@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fleet.types import Backend
-from policies.plugin import Filter, Picker, SchedulingRequest, Scorer
+from policies.framework import Filter, Picker, SchedulingRequest, Scorer
 
 
 @dataclass(frozen=True, slots=True)

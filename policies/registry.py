@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from policies.base import Policy
 from policies.config import PrecisePrefixConfig, RoutingConfig, ScorerRef
 from policies.config import RoutingConfigError as RoutingConfigError  # its home for callers
 from policies.epp.config import is_epp_config, translate
@@ -27,6 +26,7 @@ from policies.filters.labels import (
 )
 from policies.filters.prefix_affinity import PrefixAffinityParams, PrefixCacheAffinityFilter
 from policies.filters.slo_tier import SloHeadroomTierFilter, SloTierParams
+from policies.framework import RoutingServices
 from policies.handlers.disagg import DisaggParams, DisaggProfileHandler
 from policies.handlers.single import SingleProfileHandler, SingleProfileParams
 from policies.pickers.autellix import AutellixParams, AutellixPicker
@@ -35,7 +35,6 @@ from policies.pickers.lmetric import LMetricPicker
 from policies.pickers.params import NoParams, SeedParams
 from policies.pickers.score import MaxScorePicker, RandomPicker, WeightedRandomPicker
 from policies.pickers.unified import UnifiedParams, UnifiedPicker
-from policies.plugin import RoutingServices
 from policies.profile import Profile, WeightedScorer
 from policies.scheduler import Scheduler
 from policies.scorers.latency import LatencyScorer, LatencyScorerParams
@@ -54,7 +53,6 @@ from policies.scorers.session import SessionAffinityParams, SessionAffinityScore
 Kind = Literal["filter", "scorer", "picker", "handler"]
 # (validated params, shared services, instance name) -> plugin
 Factory = Callable[[Any, RoutingServices, str], object]
-PolicyFactory = Callable[[Mapping[str, Any]], Policy]
 
 
 class UnknownPolicy(RoutingConfigError):
@@ -190,13 +188,6 @@ def _algorithm_config(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 def policy_names() -> list[str]:
     return sorted([*_ALGORITHM_PICKERS, "prefix_aware"])
-
-
-def builtin_policies() -> dict[str, PolicyFactory]:
-    def factory(name: str) -> PolicyFactory:
-        return lambda params: build_routing(_algorithm_config(name, params))
-
-    return {name: factory(name) for name in policy_names()}
 
 
 def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Scheduler:

@@ -3,7 +3,8 @@
 `pick` is pure routing (no I/O, no await). After a decision it records what the fleet will now
 hold (the prompt's blocks in the prefix index of the chosen backends, sized from their
 `cache_config_info`) and lets plugins with an `on_picked` hook remember affinities. The other
-hooks of the policy seam fan out to every plugin that has them.
+calls of the policy seam (policies/policy.py) fan out to the plugins that declare the matching
+hook (policies/framework.py), collected once here.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ from prometheus_client import CollectorRegistry
 
 from fleet.prefix import capacity_from_cache_config
 from fleet.types import Backend
-from policies.base import Decision, NoCandidate, RequestContext
-from policies.metrics import SchedulerMetrics
-from policies.plugin import ProfileHandler, ProfileRunner, RoutingServices, SchedulingRequest
+from policies.framework import (
+    BackendObserver,
+    MetricsUser,
+    PickObserver,
+    ProfileHandler,
+    ProfileRunner,
+    ProgramKeeper,
+    RoutingServices,
+    SchedulingRequest,
+    StatsReporter,
+)
+from policies.metrics import PoolSource, SchedulerMetrics
+from policies.policy import Decision, NoCandidate, RequestContext
 
 
 class Scheduler:
@@ -37,9 +48,14 @@ class Scheduler:
         self.services = services
         self.plugins = tuple(plugins)
         self.explain_all = explain_all
-        self._picked_hooks = [p for p in self.plugins if hasattr(p, "on_picked")]
+        self._picked = [p.on_picked for p in self.plugins if isinstance(p, PickObserver)]
+        self._removed = [
+            p.on_backend_removed for p in self.plugins if isinstance(p, BackendObserver)
+        ]
+        self._programs = [p.end_program for p in self.plugins if isinstance(p, ProgramKeeper)]
+        self._metric_users = [p.bind_metrics for p in self.plugins if isinstance(p, MetricsUser)]
+        self._reporters = [p for p in self.plugins if isinstance(p, StatsReporter)]
         self._metrics: SchedulerMetrics | None = None
-        self._pools: dict[str, Sequence[Backend]] = {}  # model -> last candidates seen
         self.decisions = 0
         self.failures = 0
 
@@ -53,7 +69,6 @@ class Scheduler:
             explain=ctx.debug or self.explain_all,
             timer=metrics.observe_plugin if metrics else None,
         )
-        self._pools[ctx.model] = candidates
         try:
             if not candidates:
                 raise NoCandidate(f"no backend serves {ctx.model!r}")
@@ -72,8 +87,8 @@ class Scheduler:
             if decision.prefill is not None:
                 decision.prefill_leg_tokens = req.uncached_tokens(decision.prefill.id)
         self._record(req, decision)
-        for plugin in self._picked_hooks:
-            plugin.on_picked(req, decision)
+        for on_picked in self._picked:
+            on_picked(req, decision)
         self.decisions += 1
         if metrics:
             metrics.attempt("success", ctx.model, decision.target)
@@ -106,40 +121,31 @@ class Scheduler:
                     index.set_capacity(backend.id, blocks)
             index.record(backend.id, hashes)
 
-    # Hooks of the policy seam (policies/base.py), found by shape by the proxy.
-
-    def on_finish(self, ctx: RequestContext, decision: Decision) -> None:
-        for plugin in self.plugins:
-            hook = getattr(plugin, "on_finish", None)
-            if hook is not None:
-                hook(ctx, decision)
+    # The rest of the policy seam (policies/policy.py).
 
     def on_backend_removed(self, backend_id: str) -> None:
         if self.services.prefix_index is not None:
             self.services.prefix_index.remove_backend(backend_id)
-        for plugin in self.plugins:
-            hook = getattr(plugin, "on_backend_removed", None)
-            if hook is not None:
-                hook(backend_id)
-        for model, pool in list(self._pools.items()):
-            self._pools[model] = [b for b in pool if b.id != backend_id]
+        for removed in self._removed:
+            removed(backend_id)
+
+    def keeps_programs(self) -> bool:
+        return bool(self._programs)
 
     def end_program(self, program_id: str) -> bool:
         ended = False
-        for plugin in self.plugins:
-            hook = getattr(plugin, "end_program", None)
-            if hook is not None and hook(program_id):
+        for end in self._programs:
+            if end(program_id):
                 ended = True
         return ended
 
-    def bind_metrics(self, registry: CollectorRegistry) -> None:
-        self._metrics = SchedulerMetrics(
-            registry, lambda: self._pools, lambda: self.services.prefix_index
-        )
-        for plugin in self.plugins:
-            hook = getattr(plugin, "bind_metrics", None)
-            if hook is not None:
-                hook(registry)
+    def bind_metrics(self, registry: CollectorRegistry, pools: PoolSource) -> None:
+        """Register the scheduler's metrics; `pools` gives, when /metrics is scraped, the
+        backends that may take a request now per model (the fleet's, not one pick's: a retry
+        is offered only the backends not tried yet)."""
+        self._metrics = SchedulerMetrics(registry, pools, lambda: self.services.prefix_index)
+        for bind in self._metric_users:
+            bind(registry)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -150,8 +156,6 @@ class Scheduler:
         index = self.services.prefix_index
         if index is not None:
             out["prefix_index_blocks"] = index.size()
-        for plugin in self.plugins:
-            hook = getattr(plugin, "stats", None)
-            if hook is not None:
-                out[getattr(plugin, "name", type(plugin).__name__)] = hook()
+        for plugin in self._reporters:
+            out[plugin.name] = plugin.stats()
         return out

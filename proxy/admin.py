@@ -8,7 +8,7 @@ loopback. Backends added at run time must pass the URL
 policy (proxy/url_policy.py).
 
 With several worker processes a change (add, remove, drain, undrain) reaches every worker
-through `FleetChanges` (proxy/peer_sync.py) and is answered once the receiving worker has
+through `FleetChanges` (fleet/changes.py) and is answered once the receiving worker has
 applied it; the GET endpoints answer from the receiving worker's own state.
 """
 
@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.changes import FleetChanges, LocalChanges
 from fleet.discovery import ADMIN
 from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend
@@ -31,7 +32,7 @@ from fleet.types import Backend
 from proxy.core import ProxyCore
 from proxy.errors import ErrorBody
 from proxy.live import LiveEntry, NotMovable
-from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync
+from proxy.peer_sync import PeerSync
 from proxy.settings import BackendConfig
 from proxy.url_policy import (
     UrlPolicy,
@@ -357,17 +358,15 @@ def admin_router(
 
     @router.get("/policy")
     async def policy_state() -> dict[str, Any]:
-        stats = getattr(core.policy, "stats", None)
-        return {"name": core.policy.name, "stats": stats() if callable(stats) else {}}
+        return {"name": core.policy.name, "stats": core.policy.stats()}
 
     @router.delete("/programs/{program_id}")
     async def end_program(program_id: str) -> JSONResponse:
-        end = getattr(core.policy, "end_program", None)
-        if not callable(end):
+        if not core.policy.keeps_programs():
             raise HTTPException(
                 status_code=409, detail=f"policy {core.policy.name!r} keeps no programs"
             )
-        if not end(program_id):
+        if not core.policy.end_program(program_id):
             raise HTTPException(status_code=404, detail=f"no program {program_id!r}")
         return JSONResponse({"ended": program_id})
 

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from fleet.change_log import ChangeLog
+from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
 from proxy.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
@@ -34,7 +35,7 @@ from proxy.core import ProxyCore
 from proxy.discovery_loop import kubernetes_discovery
 from proxy.errors import ProxyError, error_body
 from proxy.forward import HOT_ROUTES, Forwarder
-from proxy.peer_sync import FleetChanges, LocalChanges, PeerSync, SharedChanges, WorkerSeat
+from proxy.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.planner_admin import ColocatedPlanner
 from proxy.settings import Settings
 
@@ -47,17 +48,17 @@ class FleetProxyApp:
     With client keys (`keys`) both sides check them; without, neither does any extra work.
     `asgi` is what the server runs: this app, or this app behind CORS when origins are set."""
 
-    def __init__(self, core: ProxyCore, control: FastAPI, keys: KeyCheck | None = None) -> None:
+    def __init__(self, core: ProxyCore, control_app: FastAPI, keys: KeyCheck | None = None) -> None:
         self.core = core
-        self.control = control
-        self._control: AsgiApp = control
+        self.control_app = control_app  # the FastAPI app of the control plane
+        self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
         if keys is None:
             self.forwarder = Forwarder(core)
         else:
             self.forwarder = KeyedForwarder(core, keys)
-            self._control = ControlPlaneKeys(control, keys)
+            self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
         s = core.settings
         self.admission: AdmissionGate | None = None
@@ -232,7 +233,6 @@ def create_app(
 
     control.include_router(admin_router(core, changes, sync, planner))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
-    control.state.core = core
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
     return FleetProxyApp(core, control, keys)

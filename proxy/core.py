@@ -27,6 +27,7 @@ from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
+from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
 from proxy.ejection import EjectionGuard
@@ -102,9 +103,10 @@ class ProxyCore:
         static = StaticSource(settings.backend_specs())
         for spec in reconcile(static.name, (), static.desired).add:
             self.fleet.add(spec)
-        self.policy = make_policy(settings)
+        scheduler = make_policy(settings)
+        self.policy: Policy = scheduler
         # The engines' own KV-cache events, followed only when the policy routes by them.
-        self.precise_index = self.policy.services.precise_index
+        self.precise_index = scheduler.services.precise_index
         self.kv_events: KvEventSubscribers | None = None
         if self.precise_index is not None:
             self.kv_events = KvEventSubscribers(
@@ -115,7 +117,6 @@ class ProxyCore:
                 replay_timeout_s=settings.kv_events_replay_timeout,
             )
         self.prompt_tokens: PromptTokens | None = None  # built in start(), with the index
-        self.policy_on_finish = getattr(self.policy, "on_finish", None)
         self.live = LiveTable()
         self.prom = CollectorRegistry(auto_describe=True)
         self.metrics = RouterMetrics(self.prom, self.fleet.knows_model)
@@ -132,12 +133,8 @@ class ProxyCore:
         PlatformCollector(registry=self.prom)
         GCCollector(registry=self.prom)
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
-        bind = getattr(self.policy, "bind_metrics", None)
-        if callable(bind):
-            bind(self.prom)
-        removed = getattr(self.policy, "on_backend_removed", None)
-        if callable(removed):
-            self.fleet.on_removed(removed)
+        self.policy.bind_metrics(self.prom, self.routable_pools)
+        self.fleet.on_removed(self.policy.on_backend_removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
         self.request_log: JsonRequestLog | None = None
         if settings.request_log == "json":
@@ -147,7 +144,7 @@ class ProxyCore:
         self._log_task: asyncio.Task[None] | None = None
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
-        self.control: httpx.AsyncClient | None = None
+        self.control_client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         # Set when a stop's grace period is over and the server closes the connections left:
         # their requests end as cut by the proxy (503), not as left by their clients.
@@ -172,7 +169,7 @@ class ProxyCore:
             max_idle_per_origin=s.max_connections,
             fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
         )
-        self.control = httpx.AsyncClient(
+        self.control_client = httpx.AsyncClient(
             timeout=s.scrape_timeout,
             limits=httpx.Limits(max_connections=256),
             headers={"authorization": auth} if auth else None,
@@ -181,15 +178,15 @@ class ProxyCore:
             s.token_counter,
             chars_per_token=s.chars_per_token,
             tokenizer_path=s.tokenizer_path,
-            client=self.control,
+            client=self.control_client,
             tokenize_url_for=self._tokenize_url,
         )
         if self.kv_events is not None:
-            self.prompt_tokens = make_prompt_tokens(s, self, self.control)
+            self.prompt_tokens = make_prompt_tokens(s, self, self.control_client)
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         scraper = Scraper(
             self.fleet,
-            self.control,
+            self.control_client,
             self.clock,
             interval=s.scrape_interval,
             health_interval=s.health_interval,
@@ -221,6 +218,13 @@ class ProxyCore:
             raise RuntimeError("the proxy is not started")
         return pool
 
+    def routable_pools(self) -> dict[str, list[Backend]]:
+        """Per model a backend names, the backends that may take a request for it now: what
+        routing is offered before any is tried (the pool gauges, read at scrape time)."""
+        now = self.clock.now()
+        models = dict.fromkeys(m for b in self.fleet for m in b.spec.models)
+        return {m: self.fleet.candidates(m, now) for m in models}
+
     def backend_urls(self, model: str) -> list[str]:
         """Base URLs of the backends that may take a request for `model` now."""
         return [b.url for b in self.fleet.candidates(model, self.clock.now())]
@@ -239,8 +243,8 @@ class ProxyCore:
         self._tasks.clear()
         if self.upstream is not None:
             await self.upstream.close()
-        if self.control is not None:
-            await self.control.aclose()
+        if self.control_client is not None:
+            await self.control_client.aclose()
         if self.request_log is not None:
             # Last: every request has finished by now, and its line goes out.
             self.request_log.stop()

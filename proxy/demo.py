@@ -19,8 +19,8 @@ import sys
 import time
 import urllib.request
 
-from proxy.cli import run_serve
 from proxy.parent_death import die_with_parent
+from proxy.serve import run_serve
 from proxy.settings import ConfigError, load_settings
 
 

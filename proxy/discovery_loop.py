@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 
+from fleet.changes import FleetChanges
 from fleet.discovery import Desired, DiscoverySource, Plan, reconcile
 from fleet.kube_client import in_cluster_namespace, kube_api
 from fleet.pod_backends import KubernetesSource
@@ -30,7 +31,6 @@ from fleet.registry import DuplicateBackend
 from fleet.types import Backend
 from proxy.admin import evacuate_backend
 from proxy.core import ProxyCore
-from proxy.peer_sync import FleetChanges
 
 log = logging.getLogger("fleet_proxy.discovery")
 

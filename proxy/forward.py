@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from policies.base import RequestContext
+from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.continuation import Movability, movability
 from proxy.core import ProxyCore

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from fleet.types import Backend
-from policies.base import Decision, NoCandidate, RequestContext
+from policies.policy import Decision, NoCandidate, RequestContext
 from proxy.core import ProxyCore
 from proxy.disagg import (
     PREFILLER_HEADER,

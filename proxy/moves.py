@@ -17,7 +17,7 @@ import orjson
 
 from fleet.clock import Clock
 from fleet.types import Backend
-from policies.base import Decision, RequestContext
+from policies.policy import Decision, RequestContext
 from proxy.accounting import Dispatch
 from proxy.asgi import Send
 from proxy.assemble import Assembler

@@ -7,9 +7,9 @@ Each worker runs one `PeerSync` task. Every `peer_sync_interval` it
 2. publishes its per-backend load into its row of the shared segment;
 3. reads the other workers' rows into `Load.peer_*`.
 
-The admin API changes the fleet through a `FleetChanges`: with one worker `LocalChanges`
-changes the registry directly, as it always has; with several `SharedChanges` appends to the
-log and answers once this worker has applied the change.
+The admin API changes the fleet through a `FleetChanges` (fleet/changes.py): with one worker
+`LocalChanges` changes the registry directly; with several `SharedChanges` appends to the log
+and answers once this worker has applied the change.
 """
 
 from __future__ import annotations
@@ -19,59 +19,18 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from fleet.change_log import Change, ChangeLog
+from fleet.changes import add_backend
 from fleet.clock import Clock, SystemClock
 from fleet.peer_load import INITIAL_GENERATION, PeerLoad, SlotTable, WorkerRow
 from fleet.registry import DuplicateBackend, FleetRegistry
 from fleet.types import Backend, BackendSpec, Role
 
-log = logging.getLogger("fleet_proxy.workers")
+log = logging.getLogger("fleet_proxy.peer_sync")
 
 Outcome = Literal["ok", "duplicate", "missing"]
-
-
-class FleetChanges(Protocol):
-    """The fleet changes the admin API makes."""
-
-    async def add(self, spec: BackendSpec) -> Backend:
-        """Raises DuplicateBackend when the id is taken."""
-        ...
-
-    async def remove(self, backend_id: str) -> Backend | None: ...
-
-    async def set_draining(self, backend_id: str, draining: bool) -> Backend | None: ...
-
-    async def update(self, spec: BackendSpec) -> Backend | None:
-        """Replace the spec of the backend `spec.id` in place (fleet/registry.py `update`)."""
-        ...
-
-
-def add_backend(fleet: FleetRegistry, spec: BackendSpec) -> Backend:
-    backend = fleet.add(spec)
-    # Not routable until its first health check, models and scrape: the scraper does them.
-    backend.healthy = False
-    return backend
-
-
-class LocalChanges:
-    """One process: change the registry directly."""
-
-    def __init__(self, fleet: FleetRegistry) -> None:
-        self.fleet = fleet
-
-    async def add(self, spec: BackendSpec) -> Backend:
-        return add_backend(self.fleet, spec)
-
-    async def remove(self, backend_id: str) -> Backend | None:
-        return self.fleet.remove(backend_id)
-
-    async def set_draining(self, backend_id: str, draining: bool) -> Backend | None:
-        return self.fleet.set_draining(backend_id, draining)
-
-    async def update(self, spec: BackendSpec) -> Backend | None:
-        return self.fleet.update(spec)
 
 
 def spec_to_change(spec: BackendSpec, op: str = "add") -> Change:

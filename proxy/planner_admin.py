@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from fleet.changes import FleetChanges
 from fleet.discovery import ADMIN
 from fleet.types import BackendSpec, Role
 from planner.admin import BackendStatus, LiveRequest
@@ -28,7 +29,6 @@ from planner.connectors import Environment, KubernetesOptions, build_connector, 
 from planner.sla_mode import decider_for
 from proxy.admin import evacuate_backend
 from proxy.core import ProxyCore
-from proxy.peer_sync import FleetChanges
 
 log = logging.getLogger("fleet_proxy.planner")
 

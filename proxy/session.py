@@ -36,14 +36,14 @@ from tenacity import (
 )
 
 from fleet.types import Backend
-from policies.base import Decision, RequestContext
+from policies.policy import RequestContext
 from proxy.accounting import Dispatch
 from proxy.asgi import Send, response_headers
 from proxy.assemble import Assembler
 from proxy.continuation import Movability
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, openai_not_found
-from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream, receipt_header
+from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
 from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
 from proxy.splice import Splicer
@@ -552,13 +552,7 @@ class RequestSession(SessionMoves):
             return
         leg.closed = True
         leg.resp.release()  # closes an unfinished response: the backend aborts it
-        self._policy_done(leg.decision)
         self._leg_live = False
-
-    def _policy_done(self, decision: Decision) -> None:
-        on_finish = self._core.policy_on_finish
-        if on_finish is not None and decision.reason != CALLER_CHOSEN:
-            on_finish(self.ctx, decision)
 
     def _note_failure(self, e: RetryableUpstream) -> None:
         self._opener.note_failure(

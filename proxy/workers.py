@@ -101,7 +101,7 @@ def resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
 def worker_main(
     settings_data: dict[str, Any], seat: WorkerSeat, listen: Listen, parent: int
 ) -> None:
-    """One worker process: the same server as `run_serve` in proxy/cli.py, on the shared port."""
+    """One worker process: the same server as `run_serve` in proxy/serve.py, on the shared port."""
     die_with_parent(parent)
     # Ctrl-C reaches the whole process group; the supervisor passes it on as SIGTERM, once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

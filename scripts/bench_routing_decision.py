@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fleet.types import Backend, BackendSpec, EngineMetrics, Load, MetricsSnapshot
-from policies.base import Policy, RequestContext
+from policies.policy import Policy, RequestContext
 from policies.registry import build_policy, build_routing
 
 MODEL = "bench-model"
@@ -124,9 +124,7 @@ def context(text: str, session: int, debug: bool) -> RequestContext:
 
 def build(name: str) -> Policy:
     policy = build_routing(EPP_YAML_LIKE) if name == "epp_yaml" else build_policy(name)
-    bind = getattr(policy, "bind_metrics", None)
-    if bind is not None:
-        bind(CollectorRegistry())
+    policy.bind_metrics(CollectorRegistry(), dict)  # with its metrics on, as in the proxy
     return policy
 
 

@@ -35,10 +35,6 @@ class DeterministicLM:
         self._eos_threshold = int(eos_probability * _EOS_SCALE)
 
     @staticmethod
-    def initial_state() -> int:
-        return _SEED
-
-    @staticmethod
     def extend(state: int, token_ids: Iterable[int]) -> int:
         h = state
         for t in token_ids:

@@ -115,10 +115,6 @@ class Tokenizer:
         )
         assert len(self._id_to_str) == VOCAB_SIZE
 
-    @property
-    def vocab_size(self) -> int:
-        return VOCAB_SIZE
-
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         ids: list[int] = [BOS_ID] if add_bos else []
         table = self._piece_to_id

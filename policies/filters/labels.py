@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from fleet.types import Backend, Role
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.framework import PluginBase, SchedulingRequest
 
 
 class LabelSelectorParams(BaseModel):

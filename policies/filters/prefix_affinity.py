@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
+from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.loads import pending_prefill_tokens
-from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
 
 
 class PrefixAffinityParams(BaseModel):

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from fleet.types import Backend
+from policies.framework import PluginBase, SchedulingRequest
 from policies.headroom import misses
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
 from policies.predicted import LatencyModelParams, predictions, request_slo
 
 

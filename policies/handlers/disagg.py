@@ -20,10 +20,9 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend, Role
-from policies.base import Decision, NoCandidate
+from policies.framework import PluginBase, ProfileRunner, RoutingServices, SchedulingRequest
 from policies.loads import pending_prefill_tokens
-from policies.plugin import ProfileRunner, RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.policy import Decision, NoCandidate
 
 Outcome = Literal["disaggregated", "short_prompt", "prefill_saturated", "no_prefill_backend"]
 

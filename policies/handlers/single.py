@@ -7,9 +7,8 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from fleet.types import Backend
-from policies.base import Decision, NoCandidate
-from policies.plugin import ProfileRunner, SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.framework import PluginBase, ProfileRunner, SchedulingRequest
+from policies.policy import Decision, NoCandidate
 
 
 class SingleProfileParams(BaseModel):

@@ -29,11 +29,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
+from policies.framework import PluginBase, SchedulingRequest
 from policies.loads import in_flight
 from policies.pickers.baseline import least_in_flight
 from policies.pickers.rotation import Rotation
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
 from policies.rendezvous import home as rendezvous_home
 
 

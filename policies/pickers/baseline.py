@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
+from policies.framework import PluginBase, SchedulingRequest, SeededPlugin
 from policies.loads import in_flight
 from policies.pickers.rotation import Rotation
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase, SeededPlugin
 
 
 class RoundRobinPicker(PluginBase):

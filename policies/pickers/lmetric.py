@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
+from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.loads import batch_size, pending_prefill_tokens
 from policies.pickers.rotation import Rotation
-from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
 
 
 def lmetric_argmin(req: SchedulingRequest, candidates: Sequence[Backend], start: int) -> Backend:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import SeededPlugin
+from policies.framework import SchedulingRequest, SeededPlugin
 
 
 class MaxScorePicker(SeededPlugin):

@@ -32,11 +32,10 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
+from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.loads import batch_size
 from policies.pickers.lmetric import lmetric_argmin
 from policies.pickers.rotation import Rotation
-from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
 from policies.rendezvous import home as rendezvous_home
 
 

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from pydantic import Field, model_validator
 
 from fleet.types import Backend
+from policies.framework import PluginBase, SchedulingRequest
 from policies.headroom import Strategy, relative_scores, slo_scores
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
 from policies.predicted import LatencyModelParams, predictions, request_slo
 
 

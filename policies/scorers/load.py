@@ -8,17 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict
-
 from fleet.types import Backend
+from policies.framework import PluginBase, SchedulingRequest
 from policies.loads import kv_usage, pending_prefill_tokens, queue_size, running_size
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
 from policies.scorers.normalize import inverse_min_max
-
-
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class QueueDepthScorer(PluginBase):
@@ -36,7 +29,8 @@ def free_kv(b: Backend) -> float:
 
 
 class KvCacheUtilizationScorer(PluginBase):
-    """1 - KV-cache usage (0 when the backend has not been scraped yet)."""
+    """1 - KV-cache usage. A backend not scraped yet reads as 0% used, so it scores 1 (the
+    most free), as does one whose scrape reports 0 or less."""
 
     type = "kv-cache-utilization-scorer"
 

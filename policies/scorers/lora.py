@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend, EngineMetrics
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.framework import PluginBase, SchedulingRequest
 
 RUNNING = 1.0
 WAITING = 0.8

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.types import Backend
-from policies.base import Decision
-from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.framework import PluginBase, RoutingServices, SchedulingRequest
+from policies.policy import Decision
 
 
 class NoHitLruParams(BaseModel):

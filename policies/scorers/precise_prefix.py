@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.types import Backend
-from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 
 
 class PrecisePrefixCacheScorer(PluginBase):

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from fleet.types import Backend
-from policies.plugin import SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.framework import PluginBase, SchedulingRequest
 from policies.rendezvous import home
 
 

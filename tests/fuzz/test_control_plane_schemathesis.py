@@ -43,7 +43,7 @@ EXAMPLES = 25
 def control_plane_schema() -> dict[str, Any]:
     """The app's own OpenAPI schema (its routes do not depend on the settings), plus /metrics,
     which the app leaves out of it."""
-    schema = create_app(load_settings({})).control.openapi()
+    schema = create_app(load_settings({})).control_app.openapi()
     schema["paths"]["/metrics"] = {
         "get": {
             "operationId": "metrics",

@@ -181,8 +181,8 @@ async def test_a_410_makes_discovery_list_again_and_see_what_it_missed(
     k[kmock.action.WATCH] << first_watch_expires
     settings = discovering(tmp_path, base)
     async with running_proxy(settings, wait_ready=False) as (_, app):
-        await eventually(lambda: app.control.state.discovery is not None)
-        watcher = app.control.state.discovery.source.watcher
+        await eventually(lambda: app.control_app.state.discovery is not None)
+        watcher = app.control_app.state.discovery.source.watcher
         await eventually(lambda: watcher.lists >= 2 and {b.id for b in app.core.fleet} == {"p1"})
     lists = [r for r in k if r.method == kmock.method.GET and r.params.get("watch") != "true"]
     assert len(lists) >= 2

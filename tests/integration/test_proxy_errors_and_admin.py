@@ -390,7 +390,7 @@ async def test_the_openapi_schema_describes_admin_refusals_as_they_are_answered(
     shape, and a migrate that does not move answers 409 with its outcome."""
     settings = fast_settings([backend.url], admin_token="s3cret")
     async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
-        schema = app.control.openapi()
+        schema = app.control_app.openapi()
         for path, operations in schema["paths"].items():
             if not path.startswith("/admin/"):
                 continue
@@ -407,3 +407,16 @@ async def test_the_openapi_schema_describes_admin_refusals_as_they_are_answered(
         assert r.status_code == 400
         assert set(r.json()) == {"error"}
         assert set(r.json()["error"]) == set(error["required"])
+
+
+async def test_ending_a_program_under_a_policy_that_keeps_none_is_409_not_404(backend):
+    settings = fast_settings([backend.url], admin_token="s3cret", policy="round_robin")
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.delete("/admin/programs/p1", headers={"x-admin-token": "s3cret"})
+        assert r.status_code == 409
+        assert "keeps no programs" in r.text
+        r = await c.get("/admin/policy", headers={"x-admin-token": "s3cret"})
+        assert r.json() == {
+            "name": "round_robin",
+            "stats": {"policy": "round_robin", "decisions": 0, "failures": 0},
+        }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fleet.types import Backend, BackendSpec, EngineMetrics, Load, MetricsSnapshot, Role
-from policies.base import RequestContext
+from policies.policy import RequestContext
 
 MODEL = "m"
 

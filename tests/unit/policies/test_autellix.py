@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fleet.types import Backend
-from policies.base import NoCandidate
+from policies.policy import NoCandidate
 from policies.registry import build_policy
 from policies.rendezvous import home, ranked
 from tests.unit.policies.builders import backend, ctx

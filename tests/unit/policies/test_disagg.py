@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fleet.types import Backend, Role
-from policies.base import NoCandidate
+from policies.policy import NoCandidate
 from policies.registry import build_routing
 from tests.unit.policies.builders import backend, ctx, text_blocks
 
@@ -99,7 +99,7 @@ def test_no_prefill_backend_still_serves_and_no_decode_is_no_candidate() -> None
 def test_decisions_are_counted_in_metrics() -> None:
     policy = pd_policy()
     registry = CollectorRegistry()
-    policy.bind_metrics(registry)
+    policy.bind_metrics(registry, dict)
     policy.pick(ctx(text_blocks(1)), pd_fleet(), 0.0)
     assert registry.get_sample_value("fleet_pd_decisions_total", {"outcome": "short_prompt"}) == 1
 

@@ -7,7 +7,7 @@ import pytest
 from fleet.types import Role
 from policies.filters.labels import LabelSelectorFilter, decode_filter, prefill_filter
 from policies.filters.prefix_affinity import PrefixAffinityParams, PrefixCacheAffinityFilter
-from policies.plugin import RoutingServices, SchedulingRequest
+from policies.framework import RoutingServices, SchedulingRequest
 from tests.unit.policies.builders import backend, ctx, text_blocks
 
 

@@ -7,10 +7,9 @@ from collections.abc import Sequence
 import pytest
 
 from fleet.types import Backend
-from policies.base import NoCandidate
+from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.pickers.score import MaxScorePicker
-from policies.plugin import RoutingServices, SchedulingRequest
-from policies.plugin_base import PluginBase
+from policies.policy import NoCandidate
 from policies.profile import Profile, WeightedScorer
 from policies.registry import build_routing
 from tests.unit.policies.builders import backend, ctx, fleet

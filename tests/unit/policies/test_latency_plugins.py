@@ -9,7 +9,7 @@ import pytest
 
 from fleet.types import Backend, EngineMetrics, MetricsSnapshot
 from policies import predicted
-from policies.base import RequestContext
+from policies.policy import RequestContext
 from policies.registry import RoutingConfigError, build_policy, build_routing
 from tests.unit.policies.builders import backend, ctx
 

@@ -106,8 +106,8 @@ def test_decision_tells_the_proxy_what_the_target_must_prefill() -> None:
 def test_argmin_matches_the_lexicographic_key_on_random_fleets() -> None:
     import random
 
+    from policies.framework import RoutingServices, SchedulingRequest
     from policies.pickers.lmetric import lmetric_argmin
-    from policies.plugin import RoutingServices, SchedulingRequest
 
     rng = random.Random(5)
     for _ in range(300):

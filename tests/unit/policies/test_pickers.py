@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
+from policies.framework import RoutingServices, SchedulingRequest
 from policies.pickers.score import MaxScorePicker, RandomPicker, WeightedRandomPicker
-from policies.plugin import RoutingServices, SchedulingRequest
 from policies.registry import build_policy
 from tests.unit.policies.builders import backend, ctx, fleet
 

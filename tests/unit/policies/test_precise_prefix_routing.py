@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fleet.kv_events import BlockStored
-from policies.base import RequestContext
+from policies.policy import RequestContext
 from policies.registry import RoutingConfigError, build_routing
 from policies.scheduler import Scheduler
 from tests.unit.policies.builders import backend, ctx, text_blocks

@@ -12,10 +12,9 @@ from policies.registry import (
     UnknownPolicy,
     build_policy,
     build_routing,
-    builtin_policies,
     policy_names,
 )
-from tests.unit.policies.builders import ctx, fleet, text_blocks
+from tests.unit.policies.builders import backend, ctx, fleet, text_blocks
 
 WHOLE_ALGORITHMS = [
     "round_robin",
@@ -29,14 +28,44 @@ WHOLE_ALGORITHMS = [
 ]
 
 
-@pytest.mark.parametrize("name", WHOLE_ALGORITHMS)
-def test_every_algorithm_builds_by_name_and_routes(name: str) -> None:
-    policy = build_policy(name)
-    assert policy.name == name
-    bs = fleet(3)
-    chosen = {policy.pick(ctx(text_blocks(3, t), session=t), bs, 0.0).target.id for t in "abcdef"}
-    assert chosen <= {"b0", "b1", "b2"} and chosen
-    assert set(builtin_policies()) == set(policy_names()) == set(WHOLE_ALGORITHMS)
+def test_every_algorithm_builds_by_name() -> None:
+    assert policy_names() == sorted(WHOLE_ALGORITHMS)
+    for name in WHOLE_ALGORITHMS:
+        assert build_policy(name).name == name
+
+
+def picks(name: str, n: int = 6, params: dict[str, Any] | None = None) -> list[str]:
+    """What `name` chooses for n different prompts without a session, in a fleet where b1 is
+    idle, b2 busy and b0 the busiest (in flight and pending prefill tokens)."""
+    policy = build_policy(name, params)
+    bs = [
+        backend("b0", in_flight=5, pending=500),
+        backend("b1"),
+        backend("b2", in_flight=2, pending=200),
+    ]
+    return [policy.pick(ctx(text_blocks(3, str(i))), bs, 0.0).target.id for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "name", ["least_requests", "lmetric", "unified", "autellix", "prefix_aware"]
+)
+def test_load_aware_algorithms_pick_the_idle_backend(name: str) -> None:
+    assert picks(name) == ["b1"] * 6
+
+
+def test_round_robin_takes_turns_whatever_the_load() -> None:
+    assert picks("round_robin") == ["b0", "b1", "b2"] * 2
+
+
+def test_random_is_reproducible_by_seed_and_reaches_every_backend() -> None:
+    chosen = picks("random", 60, {"seed": 3})
+    assert chosen == picks("random", 60, {"seed": 3})
+    assert set(chosen) == {"b0", "b1", "b2"}
+
+
+def test_power_of_two_never_picks_the_busiest_of_three() -> None:
+    # Of any two of the three, the less loaded wins: b0 never does, b1 and b2 both do.
+    assert set(picks("power_of_two", 60, {"seed": 3})) == {"b1", "b2"}
 
 
 def test_unknown_policy_lists_the_known_ones() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from fleet.types import EngineMetrics
-from policies.plugin import RoutingServices, SchedulingRequest
+from policies.framework import RoutingServices, SchedulingRequest
 from policies.registry import build_routing, plugin_types
 from policies.rendezvous import home, ranked
 from policies.scorers.load import (

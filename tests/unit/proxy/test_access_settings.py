@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from proxy.access import ClientKeys
-from proxy.cli import build_settings, exposure_warnings, main
+from proxy.cli import build_settings, main
+from proxy.serve import exposure_warnings
 from proxy.settings import ConfigError, load_settings
 
 

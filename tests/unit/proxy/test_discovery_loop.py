@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from fleet.change_log import ChangeLog
+from fleet.changes import LocalChanges
 from fleet.discovery import KUBERNETES, STATIC, Desired, Publish
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, BackendSpec, Role
 from proxy.core import ProxyCore
 from proxy.discovery_loop import DiscoveryLoop
-from proxy.peer_sync import LocalChanges, PeerSync, SharedChanges
+from proxy.peer_sync import PeerSync, SharedChanges
 from proxy.settings import load_settings
 
 

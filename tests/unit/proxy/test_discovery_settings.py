@@ -73,7 +73,7 @@ async def test_a_kubeconfig_that_cannot_be_loaded_stops_start_up(tmp_path: Path)
     s = load_settings({"discovery_kubernetes": True, "discovery_kubeconfig": missing})
     app = create_app(s)
     with pytest.raises(ValueError, match=r"discovery_kubeconfig .*nope: no such file"):
-        async with app.control.router.lifespan_context(app.control):
+        async with app.control_app.router.lifespan_context(app.control_app):
             pass
 
 
@@ -85,10 +85,10 @@ async def test_only_the_first_worker_discovers(tmp_path: Path) -> None:
         for index in (1, 0):
             seat = WorkerSeat(index, 2, segment.name, str(tmp_path / "changes.jsonl"))
             app = create_app(s, seat=seat)
-            lifespan = app.control.router.lifespan_context(app.control)
+            lifespan = app.control_app.router.lifespan_context(app.control_app)
             if index == 1:
                 async with lifespan:
-                    assert app.control.state.discovery is None
+                    assert app.control_app.state.discovery is None
             else:
                 with pytest.raises(ValueError, match=r"discovery_kubeconfig .*nope: no such file"):
                     async with lifespan:

@@ -77,7 +77,7 @@ def test_planner_file_read_with_the_standalone_keys(tmp_path: Path) -> None:
             "planner_state_file": tmp_path / "state.json",
         }
     )
-    planner = create_app(s).control.state.planner
+    planner = create_app(s).control_app.state.planner
     config = planner.config
     assert config.topology is Topology.AGGREGATED and config.adjustment_interval == 7.0
     assert config.max_decode_replicas == 3
@@ -101,7 +101,7 @@ def test_kubernetes_settings_reach_the_connector_options(tmp_path: Path) -> None
             "planner_state_file": tmp_path / "state.json",
         }
     )
-    k = create_app(s).control.state.planner.kubernetes
+    k = create_app(s).control_app.state.planner.kubernetes
     assert (k.namespace, k.engine_port, k.register) == ("llm", 8080, False)
     assert dict(k.targets) == {
         PlannerRole.PREFILL: "deployment/pre",

@@ -1,22 +1,27 @@
 """Contracts of the Filter -> Score -> Pick framework and the per-request state.
 
+Every plugin carries its type (the registry key) and its instance name (from config):
+`PluginBase`, or `SeededPlugin` for one that draws random numbers.
+
 A scheduling profile runs its filters in order, sums `weight x score` over its scorers (each
 score in [0, 1], higher is better) and hands the totals to one picker. A profile handler
 decides which profiles run and turns their picks into a `Decision`. A whole algorithm (LMetric,
 the hybrid, Autellix) is a picker that looks at backend state itself.
 
-Optional plugin capabilities are found by shape, never by class:
-- `on_picked(req, decision)`: the scheduler settled on `decision` (record affinities here);
-- `on_finish(ctx, decision)`, `on_backend_removed(backend_id)`, `end_program(program_id)`,
-  `stats()`: forwarded from the policy seam of `policies/base.py`.
+A plugin's optional hooks are the small protocols at the end (`PickObserver`,
+`BackendObserver`, `ProgramKeeper`, `MetricsUser`, `StatsReporter`): the scheduler checks each
+plugin against them once, when it is built, and keeps the bound hooks.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
 
 from fleet.precise_prefix import (
     DEFAULT_MAX_BLOCKS_PER_BACKEND,
@@ -27,13 +32,28 @@ from fleet.precise_prefix import (
 )
 from fleet.prefix import PrefixIndex, PrefixMatch
 from fleet.types import Backend
-from policies.base import Decision, RequestContext
 from policies.latency import LatencyCycle
+from policies.policy import Decision, RequestContext
 
 _NO_MATCH = PrefixMatch(0, MappingProxyType({}), 1)  # read-only: shared by every request
 
 # (extension point, plugin type, plugin name, seconds) -> None: plugin latency sink.
 PluginTimer = Callable[[str, str, str, float], None]
+
+
+class PluginBase:
+    type = ""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name or self.type
+
+
+class SeededPlugin(PluginBase):
+    """A plugin that draws random numbers; `seed` makes it reproducible (None: from the OS)."""
+
+    def __init__(self, seed: int | None = None, name: str = "") -> None:
+        super().__init__(name)
+        self._rng = random.Random(seed)
 
 
 class RoutingServices:
@@ -226,6 +246,10 @@ class ProfileHandler(Protocol):
     name: str
     type: str
 
+    def profile_names(self) -> list[str]:
+        """The profiles `handle` runs by name; the configuration must define them."""
+        ...
+
     def handle(
         self,
         req: SchedulingRequest,
@@ -233,4 +257,44 @@ class ProfileHandler(Protocol):
         profiles: Mapping[str, ProfileRunner],
     ) -> Decision:
         """Run the profiles this request needs and merge their picks; raise NoCandidate."""
+        ...
+
+
+# Optional plugin hooks.
+
+
+@runtime_checkable
+class PickObserver(Protocol):
+    def on_picked(self, req: SchedulingRequest, decision: Decision) -> None:
+        """The scheduler settled on `decision` (record affinities here)."""
+        ...
+
+
+@runtime_checkable
+class BackendObserver(Protocol):
+    def on_backend_removed(self, backend_id: str) -> None:
+        """A backend left the fleet."""
+        ...
+
+
+@runtime_checkable
+class ProgramKeeper(Protocol):
+    def end_program(self, program_id: str) -> bool:
+        """Forget an agent program; False when it is not known."""
+        ...
+
+
+@runtime_checkable
+class MetricsUser(Protocol):
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Register the plugin's metrics on the proxy's registry."""
+        ...
+
+
+@runtime_checkable
+class StatsReporter(Protocol):
+    name: str
+
+    def stats(self) -> Mapping[str, object]:
+        """State shown under the plugin's name by `GET /admin/policy`."""
         ...

@@ -1,11 +1,9 @@
 """The policy seam between the proxy and routing logic.
 
 Routing code never does I/O and never awaits: `pick` is a pure function of the request
-context, the candidate backends (read-only) and the clock reading passed in.
-Optional capabilities are found by shape (`hasattr`), not by class:
-- `on_finish(ctx, decision)`: a request routed by this policy has ended (success or not);
-- `on_backend_removed(backend_id)`: a backend left the fleet;
-- `bind_metrics(registry)`, `end_program(program_id) -> bool`, `stats() -> dict`.
+context, the candidate backends (read-only) and the clock reading passed in. Every call the
+proxy makes on its policy is declared on `Policy`; `Scheduler` (policies/scheduler.py) is the
+implementation, and fans each call out to the plugins that declare the matching hook.
 """
 
 from __future__ import annotations
@@ -14,7 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry
+
 from fleet.types import Backend
+from policies.metrics import PoolSource
 
 
 @dataclass(slots=True)
@@ -63,4 +64,25 @@ class Policy(Protocol):
 
     def pick(self, ctx: RequestContext, candidates: Sequence[Backend], now: float) -> Decision:
         """Choose among non-empty `candidates` (healthy, not draining, serving ctx.model)."""
+        ...
+
+    def on_backend_removed(self, backend_id: str) -> None:
+        """A backend left the fleet: forget what is kept about it."""
+        ...
+
+    def bind_metrics(self, registry: CollectorRegistry, pools: PoolSource) -> None:
+        """Register metrics on the proxy's registry; `pools` gives the fleet's pools at scrape
+        time."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """The policy's state for `GET /admin/policy`."""
+        ...
+
+    def keeps_programs(self) -> bool:
+        """Whether the policy keeps agent programs, which `end_program` ends."""
+        ...
+
+    def end_program(self, program_id: str) -> bool:
+        """Forget `program_id` (`DELETE /admin/programs/{id}`); False: no such program."""
         ...
