@@ -27,6 +27,13 @@ import xxhash
 Mode = Literal["estimate", "hf", "remote"]
 
 
+def estimate_tokens(text: str, chars_per_token: float = 4.0) -> int:
+    """The one character estimate of a prompt's tokens: characters / `chars_per_token`,
+    rounded up (a non-empty prompt is at least one token). Routing, the counter's fallback
+    and the tests all use this."""
+    return math.ceil(len(text) / chars_per_token)
+
+
 class Encoder(Protocol):
     def encode(self, text: str) -> Any: ...
 
@@ -99,7 +106,7 @@ class TokenCounter:
 
     def estimate(self, text: str) -> int:
         """The character estimate; synchronous and cheap."""
-        return math.ceil(len(text) / self.chars_per_token)
+        return estimate_tokens(text, self.chars_per_token)
 
     async def count(self, text: str, model: str) -> int:
         if self.mode == "estimate" or not text:
