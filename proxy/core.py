@@ -181,8 +181,7 @@ class ProxyCore:
             s.token_counter,
             chars_per_token=s.chars_per_token,
             tokenizer_path=s.tokenizer_path,
-            client=self.control,
-            tokenize_url_for=self._tokenize_url,
+            remote=RemoteTokenizer(self.control, self.backend_urls),
         )
         if self.kv_events is not None:
             self.prompt_tokens = make_prompt_tokens(s, self, self.control)
@@ -224,11 +223,6 @@ class ProxyCore:
     def backend_urls(self, model: str) -> list[str]:
         """Base URLs of the backends that may take a request for `model` now."""
         return [b.url for b in self.fleet.candidates(model, self.clock.now())]
-
-    def _tokenize_url(self, model: str) -> str | None:
-        for b in self.fleet.candidates(model, self.clock.now()):
-            return b.url
-        return None
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -167,7 +167,7 @@ class Forwarder:
                 and not ctx.prompt_is_token_ids
                 and ctx.prompt_token_ids is None
             ):
-                ctx.prompt_tokens = await tokens.count(ctx.prompt_text, ctx.model)
+                ctx.prompt_tokens = await tokens.count(ctx.prompt_text, model, endpoint, ctx.body)
             session = RequestSession(
                 self.core, self.opener, scope["path"], ctx, body, upstream, send, arrived,
                 self._movability(ctx),
