@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 import xxhash
+from cachetools import LRUCache
 
 from fleet.prompt_tokens import Prompt, PromptTokenizer, TokenizeError, prompt_key, prompt_of
 
@@ -41,29 +41,6 @@ def estimate_tokens(text: str, chars_per_token: float = 4.0) -> int:
 
 class Encoder(Protocol):
     def encode(self, text: str) -> Any: ...
-
-
-class LruCache:
-    """A bounded mapping that forgets the least recently used key (OrderedDict keeps the order)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._data: OrderedDict[tuple[str, bytes], int] = OrderedDict()
-
-    def get(self, key: tuple[str, bytes]) -> int | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
-
-    def put(self, key: tuple[str, bytes], value: int) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 def load_hf_tokenizer(path: str) -> Encoder:
@@ -105,7 +82,7 @@ class TokenCounter:
         self.chars_per_token = chars_per_token
         self._tokenizer = tokenizer
         self._remote = remote
-        self._cache = LruCache(cache_size)
+        self._cache: LRUCache[tuple[str, bytes], int] = LRUCache(maxsize=cache_size)
         self.fallbacks = 0  # exact counts that failed and fell back to the estimate
 
     def estimate(self, text: str) -> int:
@@ -141,7 +118,7 @@ class TokenCounter:
         except (TokenizeError, ValueError, KeyError, TypeError):
             self.fallbacks += 1
             return self.estimate(text)
-        self._cache.put(key, n)
+        self._cache[key] = n
         return n
 
     def cached_entries(self) -> int:
