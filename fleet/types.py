@@ -109,7 +109,9 @@ class MetricsSnapshot:
 
 @dataclass(slots=True)
 class Load:
-    """The proxy's own accounting for one backend, updated on every dispatch and chunk."""
+    """The proxy's own accounting for one backend (proxy/accounting.py's Dispatch): charged at
+    dispatch, pending prefill released when the prompt is processed, a decode counted at the
+    first output, all released when the request ends or moves. Never touched per chunk."""
 
     in_flight: int = 0
     pending_prefill_tokens: int = 0  # charged at dispatch, released at the first token
