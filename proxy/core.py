@@ -169,7 +169,7 @@ class ProxyCore:
         self.upstream = UpstreamPool(
             connect_timeout=s.connect_timeout,
             read_timeout=s.read_timeout,
-            max_idle_per_origin=s.max_connections,
+            max_idle_per_origin=s.max_idle_connections_per_backend,
             fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
         )
         self.control = httpx.AsyncClient(
