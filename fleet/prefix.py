@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import xxhash
+from cachetools import LRUCache
 
 DEFAULT_CHARS_PER_BLOCK = 64  # llm-d: 16-token blocks x 4 characters per token
 DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
@@ -77,7 +78,7 @@ class PromptHasher:
     def __init__(self, chars_per_block: int, sessions: int = 4096) -> None:
         self.chars_per_block = chars_per_block
         self.capacity = sessions
-        self._sessions: OrderedDict[tuple[str, str], _Resumable] = OrderedDict()
+        self._sessions: LRUCache[tuple[str, str], _Resumable] = LRUCache(maxsize=sessions)
         self.resumed = 0
 
     def hashes(self, text: str, model: str, session: str | None = None) -> list[int]:
@@ -85,7 +86,7 @@ class PromptHasher:
             return block_hashes(text, model, self.chars_per_block)
         data = text.encode("utf-8", "surrogatepass")
         key = (model, session)
-        prev = self._sessions.get(key)
+        prev = self._sessions.get(key)  # a get counts as a use
         if (
             prev is not None
             and len(data) >= prev.length
@@ -100,9 +101,6 @@ class PromptHasher:
         if prev is None or end != start:
             digest = xxhash.xxh3_128_digest(memoryview(data)[:end])
             self._sessions[key] = _Resumable(end, digest, state.copy(), hashes)
-        self._sessions.move_to_end(key)
-        while len(self._sessions) > self.capacity:
-            self._sessions.popitem(last=False)
         return hashes
 
 

@@ -111,9 +111,8 @@ class PromptTokens:
         prompt = prompt_of(endpoint, body)
         if prompt is None or isinstance(prompt, array):
             return prompt
-        try:
-            key = (model, xxhash.xxh3_128_digest(orjson.dumps(prompt.request, option=_SORTED)))
-        except TypeError:  # not JSON (orjson refuses what /tokenize would too)
+        key = prompt_key(model, prompt)
+        if key is None:
             return None
         ids = self._cache.get(key)
         if ids is not None:
@@ -135,6 +134,15 @@ class PromptTokens:
 
 
 _SORTED = orjson.OPT_SORT_KEYS
+
+
+def prompt_key(model: str, prompt: Prompt) -> tuple[str, bytes] | None:
+    """A cache key for a prompt: (model, a 128-bit hash of what /tokenize would be sent), so
+    no prompt text is kept; None when it is not JSON (orjson refuses what /tokenize would)."""
+    try:
+        return (model, xxhash.xxh3_128_digest(orjson.dumps(prompt.request, option=_SORTED)))
+    except TypeError:
+        return None
 
 
 class RemoteTokenizer:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from fleet.types import Backend, BackendSpec
+from fleet.types import FRESH, STALE, Backend, BackendSpec
 
 
 def default_backend_id(url: str) -> str:
@@ -85,17 +85,16 @@ class FleetRegistry:
         """
         fresh: list[Backend] = []
         stale: list[Backend] = []
+        stale_after = self.stale_after
         for b in self._backends.values():
-            snap = b.snapshot
-            if (
-                not b.healthy
-                or b.draining
-                or now < b.ejected_until
-                or snap is None
-                or model not in b.spec.models
-            ):
+            # A backend whose models are not known yet serves nothing: no routing by model.
+            if model not in b.spec.models:
                 continue
-            (fresh if now - snap.taken_at <= self.stale_after else stale).append(b)
+            state = b.readiness(now, stale_after)
+            if state == FRESH:
+                fresh.append(b)
+            elif state == STALE:
+                stale.append(b)
         return fresh or stale
 
     def routable(self, now: float) -> list[Backend]:

@@ -17,6 +17,13 @@ from types import MappingProxyType
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+# Whether a backend takes new requests now (Backend.readiness); plain ints, not an Enum:
+# read once per candidate per request, where an Enum member lookup costs more.
+CLOSED = 0
+STALE = 1  # open, but its last scrape is older than stale_after
+FRESH = 2
+
+
 class Role(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -102,7 +109,9 @@ class MetricsSnapshot:
 
 @dataclass(slots=True)
 class Load:
-    """The proxy's own accounting for one backend, updated on every dispatch and chunk."""
+    """The proxy's own accounting for one backend (proxy/accounting.py's Dispatch): charged at
+    dispatch, pending prefill released when the prompt is processed, a decode counted at the
+    first output, all released when the request ends or moves. Never touched per chunk."""
 
     in_flight: int = 0
     pending_prefill_tokens: int = 0  # charged at dispatch, released at the first token
@@ -146,34 +155,15 @@ class Backend:
     def role(self) -> Role:
         return self.spec.role
 
-    def serves(self, model: str) -> bool:
-        # A backend whose models are not yet known serves nothing: we cannot route by model.
-        return model in self.spec.models
-
-    def is_stale(self, now: float, stale_after: float) -> bool:
+    def readiness(self, now: float, stale_after: float) -> int:
+        """The one rule for taking new requests: healthy, not draining, not ejected, and a
+        scrape no older than `stale_after` (FRESH); the same with an older scrape is STALE,
+        which FleetRegistry.candidates falls back on when every scrape is late. One call per
+        candidate per request: plain comparisons."""
         snap = self.snapshot
-        return snap is None or now - snap.taken_at > stale_after
+        if not self.healthy or self.draining or now < self.ejected_until or snap is None:
+            return CLOSED
+        return STALE if now - snap.taken_at > stale_after else FRESH
 
     def routable(self, now: float, stale_after: float) -> bool:
-        return (
-            self.healthy
-            and not self.draining
-            and now >= self.ejected_until
-            and not self.is_stale(now, stale_after)
-        )
-
-    @property
-    def batch_size(self) -> float:
-        """Running + waiting as best known: the larger of the proxy's accounting (all workers)
-        and the scrape.
-
-        On every routing decision for every candidate: plain comparisons, no max()/float()."""
-        load = self.load
-        bs: float = load.in_flight + load.peer_in_flight
-        snap = self.snapshot
-        if snap is not None:
-            m = snap.metrics
-            scraped = m.running + m.waiting
-            if scraped > bs:
-                return scraped
-        return bs
+        return self.readiness(now, stale_after) == FRESH

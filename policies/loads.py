@@ -34,8 +34,16 @@ def running_decodes(b: Backend) -> int:
 
 
 def batch_size(b: Backend) -> float:
-    """Running + waiting requests (`Backend.batch_size`)."""
-    return b.batch_size
+    """Running + waiting requests: the larger of the proxy's accounting and the scrape."""
+    load = b.load
+    bs: float = load.in_flight + load.peer_in_flight
+    snap = b.snapshot
+    if snap is not None:
+        m = snap.metrics
+        scraped = m.running + m.waiting
+        if scraped > bs:
+            return scraped
+    return bs
 
 
 def queue_size(b: Backend) -> float:

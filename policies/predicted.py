@@ -25,7 +25,7 @@ from policies.latency import (
     parse_slo,
     predict,
 )
-from policies.loads import pending_prefill_tokens
+from policies.loads import batch_size, pending_prefill_tokens
 
 _UNOBSERVED = Rates(None, None, 1.0, None)
 
@@ -79,7 +79,7 @@ def _predict_all(
             speed,
             pending_prefill_tokens(b),
             0.0 if snap is None else snap.metrics.waiting,
-            b.batch_size,
+            batch_size(b),
             req.uncached_tokens(b.id),
             model.itl_batch_share,
         )

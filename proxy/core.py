@@ -166,7 +166,7 @@ class ProxyCore:
         self.upstream = UpstreamPool(
             connect_timeout=s.connect_timeout,
             read_timeout=s.read_timeout,
-            max_idle_per_origin=s.max_connections,
+            max_idle_per_origin=s.max_idle_connections_per_backend,
             fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
         )
         self.control_client = httpx.AsyncClient(
@@ -178,8 +178,7 @@ class ProxyCore:
             s.token_counter,
             chars_per_token=s.chars_per_token,
             tokenizer_path=s.tokenizer_path,
-            client=self.control_client,
-            tokenize_url_for=self._tokenize_url,
+            remote=RemoteTokenizer(self.control_client, self.backend_urls),
         )
         if self.kv_events is not None:
             self.prompt_tokens = make_prompt_tokens(s, self, self.control_client)
@@ -228,11 +227,6 @@ class ProxyCore:
     def backend_urls(self, model: str) -> list[str]:
         """Base URLs of the backends that may take a request for `model` now."""
         return [b.url for b in self.fleet.candidates(model, self.clock.now())]
-
-    def _tokenize_url(self, model: str) -> str | None:
-        for b in self.fleet.candidates(model, self.clock.now()):
-            return b.url
-        return None
 
     async def stop(self) -> None:
         for task in self._tasks:

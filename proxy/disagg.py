@@ -21,19 +21,12 @@ import orjson
 
 from fleet.types import Backend
 from proxy.accounting import Dispatch
+from proxy.kv_transfer import remote_decode_params
 from proxy.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("fleet_proxy.disagg")
 
 PREFILLER_HEADER = b"x-prefiller-host-port"
-_REMOTE_DECODE = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 def host_port(backend: Backend) -> str:
@@ -52,7 +45,7 @@ def _one_token(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> byte
 
 
 def prefill_body(body: dict[str, Any]) -> bytes:
-    return _one_token(body, dict(_REMOTE_DECODE))
+    return _one_token(body, remote_decode_params())
 
 
 def pull_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> bytes:

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.continuation import Movability, movability
@@ -166,7 +167,7 @@ class Forwarder:
                 and not ctx.prompt_is_token_ids
                 and ctx.prompt_token_ids is None
             ):
-                ctx.prompt_tokens = await tokens.count(ctx.prompt_text, ctx.model)
+                ctx.prompt_tokens = await tokens.count(ctx.prompt_text, model, endpoint, ctx.body)
             session = RequestSession(
                 self.core, self.opener, scope["path"], ctx, body, upstream, send, arrived,
                 self._movability(ctx),
@@ -252,7 +253,9 @@ class Forwarder:
         else:
             text = ""
         stream = is_stream(parsed) if generates else False
-        tokens = token_count if token_count is not None else int(len(text) / self._chars_per_token)
+        is_ids = token_count is not None
+        if token_count is None:
+            token_count = estimate_tokens(text, self._chars_per_token)
         session_id = headers.get(self._session_header) if self._session_header else None
         if session_id is None and self._session_field:
             value = parsed.get(self._session_field)
@@ -265,11 +268,11 @@ class Forwarder:
             headers=headers,
             stream=stream,
             prompt_text=text,
-            prompt_tokens=tokens,
+            prompt_tokens=token_count,
             session_id=session_id,
             program_id=headers.get("x-program-id") or session_id,
             debug=self._debug and headers.get("x-fleet-debug") == "1",
-            prompt_is_token_ids=token_count is not None,
+            prompt_is_token_ids=is_ids,
         )
 
     async def _serve(self, receive: Receive, session: RequestSession) -> int:

@@ -1,5 +1,6 @@
 """The live-request table: every client request in flight, as the admin API and the movers
-(migrate, evacuate, and the background tasks built on them) see it.
+(migrate, evacuate, and the background tasks built on them) see it. Routing never reads it:
+it routes on each backend's `Load` and scrape.
 
 An entry is the request's session itself (proxy/session.py); the table keeps no stream bytes,
 so its memory does not grow with the tokens relayed.

@@ -1,7 +1,10 @@
 """Validation of an OpenAI request body and what routing needs from it, in one pass.
 
 Only the fields the proxy relies on are checked (model, prompt/messages, stream); every other
-field, vLLM's own included, goes to the backend untouched as the original bytes.
+field, vLLM's own included, is passed on as the client sent it. The original bytes go
+through as they are unless the proxy must change the body: then the parsed body is
+re-serialised with the change (a model alias, the legs of a prefill/decode pair, a request
+made movable, a continuation after a move).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ An invalid value stops start-up with a message naming the field (see `format_err
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -70,6 +72,12 @@ def check_kv_events_endpoint(endpoint: str) -> str:
                 "tcp://ENGINE_HOST:PORT"
             )
     return v
+
+
+log = logging.getLogger("fleet_proxy.settings")
+
+# Old setting name -> its new name; the old one is still accepted, with a warning.
+RENAMED_SETTINGS = {"max_connections": "max_idle_connections_per_backend"}
 
 
 class BackendConfig(BaseModel):
@@ -143,6 +151,22 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FLEET_PROXY_", extra="forbid", env_nested_delimiter="__"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_settings(cls, data: Any) -> Any:
+        """Old names of renamed settings, from a file, overrides or FLEET_PROXY_<OLD>, are
+        read as the new name (which wins when both are given), with a warning."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED_SETTINGS.items():
+            env = os.environ.get(f"FLEET_PROXY_{old.upper()}")
+            if old not in data and env is None:
+                continue
+            value = data.pop(old) if old in data else env
+            log.warning("setting %r is deprecated and will be removed: use %r", old, new)
+            data.setdefault(new, value)
+        return data
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -232,7 +256,8 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of the fleet ejected at once (at least one)"
     )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
-    max_connections: int = Field(
+    # Was `max_connections` (still read, with a warning): it never capped open connections.
+    max_idle_connections_per_backend: int = Field(
         2048, ge=1, description="idle keep-alive connections kept per backend"
     )
     chars_per_token: float = Field(4.0, gt=0)

@@ -3,7 +3,7 @@
 - P_tokens = the backend's pending prefill tokens (proxy accounting) + this request's
   uncached tokens there (prefix index): implicit soft affinity, since a backend holding the
   prefix has less to prefill;
-- BS = running + waiting requests (`Backend.batch_size`: the proxy's in-flight count
+- BS = running + waiting requests (`policies.loads.batch_size`: the proxy's in-flight count
   reconciled with the scraped running + waiting, the larger wins).
 
 The product is 0 whenever BS is 0, so ties are common; they are broken deterministically by

@@ -16,7 +16,7 @@ P_tokens x BS is 0 when it has no pending prefill, and it wins the uncached-toke
 tie-breaker). Settled with a hard
 ceiling: in step 2 a backend whose num_requests exceeds average x `ceiling_factor` is not
 eligible while some backend is under the ceiling. `ceiling_factor: null` turns it off and
-gives that rule exactly. num_requests is `Backend.batch_size`.
+gives that rule exactly. num_requests is `policies.loads.batch_size`.
 
 No session memory. A turn sent away from an overloaded home is followed home by the next one
 as soon as the home is under the factor, in every process alike; until then the process that

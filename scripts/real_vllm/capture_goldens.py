@@ -46,6 +46,9 @@ import httpx
 
 CACHE = Path.home() / ".cache" / "fleet-proxy"
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run by the vLLM venv's python, which lacks this project
+from proxy.kv_transfer import remote_decode_params  # noqa: E402
+
 KEPT_HEADERS = ("content-type", "x-request-id", "server", "transfer-encoding")
 
 
@@ -248,14 +251,7 @@ def capture_all(
     (cap.out / "manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
 
 
-REMOTE_DECODE = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+REMOTE_DECODE = remote_decode_params()
 
 
 def capture_pd(prefill: Capture, decode: Capture, vocab: int) -> None:

@@ -34,6 +34,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# The repository root, for proxy.kv_transfer (standard library only, like this script).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from proxy.kv_transfer import remote_decode_params
+
 SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 4096
 CACHE = Path.home() / ".cache" / "fleet-proxy"
@@ -365,14 +369,7 @@ def warm_kv_path(prefill: Engine, decode: Engine, tries: int = 3) -> None:
     one can miss that and fails its request, the next one succeeds.
     """
     body: dict[str, object] = {"model": SERVED_MODEL_NAME, "prompt": [20] * 200, "max_tokens": 2}
-    remote_decode = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-    }
+    remote_decode = remote_decode_params()
     last = ""
     for attempt in range(1, tries + 1):
         try:

@@ -9,12 +9,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from fleet.tokens import estimate_tokens
+from fleet.types import Backend
+from policies.policy import Decision, RequestContext
 from simulator.fleet import SimFleet, start_fleet
 from tests.support.servers import fast_settings, running_proxy
 
@@ -164,7 +168,7 @@ async def test_remote_token_counting_charges_the_backends_own_count(fleet: SimFl
     prompt = "Count these tokens exactly, please: routers, fleets and caches."
     async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
         exact = (await c.post("/tokenize", json={"model": MODEL, "prompt": prompt})).json()["count"]
-        assert exact != len(prompt) // 4  # the estimate would be wrong here
+        assert exact != estimate_tokens(prompt)  # the estimate would be wrong here
         seen: list[int] = []
         original = app.core.policy.pick
 
@@ -178,3 +182,46 @@ async def test_remote_token_counting_charges_the_backends_own_count(fleet: SimFl
         )
         assert r.status_code == 200
         assert seen == [exact]
+
+
+async def test_remote_token_counting_spreads_over_the_backends_and_applies_the_chat_template(
+    fleet: SimFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = fast_settings(fleet.urls, token_counter="remote")
+    messages = [
+        {"role": "system", "content": "You route requests."},
+        {"role": "user", "content": "Count these tokens with the chat template, please."},
+    ]
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
+        templated = (await c.post("/tokenize", json={"model": MODEL, "messages": messages})).json()
+        seen: list[int] = []
+        asked: list[str] = []
+        pick = app.core.policy.pick
+        control = app.core.control_client
+        assert control is not None
+        post = control.post
+
+        def spy(ctx: RequestContext, candidates: Sequence[Backend], now: float) -> Decision:
+            seen.append(ctx.prompt_tokens)
+            return pick(ctx, candidates, now)
+
+        async def recording_post(target: str, **kw: Any) -> httpx.Response:
+            asked.append(target)
+            return await post(target, **kw)
+
+        monkeypatch.setattr(app.core.policy, "pick", spy)
+        monkeypatch.setattr(control, "post", recording_post)
+        r = await c.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}
+        )
+        assert r.status_code == 200
+        assert seen == [templated["count"]]  # the engine's own count, template applied
+        for i in range(4):
+            prompt = f"Prompt number {i} to count."
+            r = await c.post(
+                "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}
+            )
+            assert r.status_code == 200
+        tokenize_calls = [u for u in asked if u.endswith("/tokenize")]
+        assert len(tokenize_calls) == 5
+        assert {u.removesuffix("/tokenize") for u in tokenize_calls} == set(fleet.urls)

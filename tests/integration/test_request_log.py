@@ -73,7 +73,7 @@ async def test_one_json_line_per_request_with_its_fields(backend, tmp_path):
     assert (one["attempts"], one["retries"], one["moves"]) == (1, 0, 0)
     assert one["prompt_tokens"] == 3  # the backend's usage
     assert one["completion_tokens"] == 8
-    assert one["routed_prompt_tokens"] == 1  # "hello" at 4 characters a token
+    assert one["routed_prompt_tokens"] == 2  # "hello": 5 characters at 4 a token, rounded up
     assert one["ttft_ms"] is None
     assert one["e2e_ms"] > 0
     assert one["client_disconnect"] is False

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from proxy.kv_transfer import remote_decode_params
 from tests.real_vllm.moves import Read, read_stream
 from tests.real_vllm.tier import Tier, engine_metric, engine_samples, start_proxy
 
@@ -26,14 +27,7 @@ MAX_TOKENS = 20
 FIRST_DECODE_TIMEOUT = 180.0  # the first transfer includes the NIXL handshake (~30 s here)
 # A try whose stream ended before the move reached it is made again.
 TRIES = 3
-REMOTE_DECODE = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+REMOTE_DECODE = remote_decode_params()
 
 
 def completion(url: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:

@@ -5,19 +5,13 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.types import Role
+from proxy.kv_transfer import remote_decode_params
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
 from tests.integration.simulator.conftest import eventually, post_json
 
 MODEL = "sim-llama-8b"
-PREFILL_KV = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
+PREFILL_KV = remote_decode_params()
 BODY = {
     "model": MODEL,
     "prompt": "A long shared document. " * 30,

@@ -20,7 +20,13 @@ from fleet.peer_load import (
     write_header,
 )
 from fleet.types import Backend, BackendSpec
-from policies.loads import in_flight, pending_prefill_tokens, queue_size, running_decodes
+from policies.loads import (
+    batch_size,
+    in_flight,
+    pending_prefill_tokens,
+    queue_size,
+    running_decodes,
+)
 
 
 def test_layout_cells_do_not_overlap_and_fill_the_segment() -> None:
@@ -108,7 +114,7 @@ def test_two_workers_see_each_others_load(segment: PeerSegment) -> None:
     assert pending_prefill_tokens(a1) == 300
     assert running_decodes(a1) == 1
     assert queue_size(a1) == 2  # in flight, not yet decoding, over both workers
-    assert a1.batch_size == 3
+    assert batch_size(a1) == 3
     assert b1.load.peer_in_flight == 0
     assert fleet0[1].load.peer_in_flight == 2
     assert fleet0[0].load.peer_in_flight == 0  # its own count is not counted twice

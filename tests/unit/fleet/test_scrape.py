@@ -94,3 +94,19 @@ async def test_failed_health_and_scrape_errors_are_recorded_not_raised() -> None
     await scraper.check_health(b)
     assert b.healthy
     await client.aclose()
+
+
+def test_candidates_and_routable_apply_one_rule() -> None:
+    clock = FakeClock()
+    fleet = FleetRegistry(stale_after=1.0)
+    ids = ("ok", "unhealthy", "draining", "ejected", "unscraped")
+    backends = {i: fleet.add(BackendSpec(id=i, url=f"http://{i}.test", models=("m",))) for i in ids}
+    for b in backends.values():
+        if b.id != "unscraped":
+            b.snapshot = MetricsSnapshot(taken_at=clock.now(), metrics=EngineMetrics())
+    backends["unhealthy"].healthy = False
+    backends["draining"].draining = True
+    backends["ejected"].ejected_until = clock.now() + 10
+    now = clock.now()
+    assert fleet.candidates("m", now) == fleet.routable(now) == [backends["ok"]]
+    assert [b.id for b in backends.values() if b.routable(now, 1.0)] == ["ok"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fleet.tokens import estimate_tokens
 from fleet.types import Backend, BackendSpec, EngineMetrics, Load, MetricsSnapshot, Role
 from policies.policy import RequestContext
 
@@ -53,7 +54,7 @@ def ctx(
         headers={},
         stream=False,
         prompt_text=text,
-        prompt_tokens=(len(text) + 3) // 4 if tokens is None else tokens,
+        prompt_tokens=estimate_tokens(text) if tokens is None else tokens,
         session_id=session,
         program_id=program,
         debug=debug,

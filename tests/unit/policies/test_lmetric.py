@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from fleet.types import EngineMetrics
+from policies.loads import batch_size
 from policies.registry import build_policy
 from tests.unit.policies.builders import backend, ctx, text_blocks
 
@@ -130,6 +131,6 @@ def test_argmin_matches_the_lexicographic_key_on_random_fleets() -> None:
 
         def key(b: Any, req: SchedulingRequest = req) -> tuple[float, int, float]:
             u = req.uncached_tokens(b.id)
-            return ((b.load.pending_prefill_tokens + u) * b.batch_size, u, b.batch_size)
+            return ((b.load.pending_prefill_tokens + u) * batch_size(b), u, batch_size(b))
 
         assert lmetric_argmin(req, bs, start) is min(rotated, key=key)

@@ -8,21 +8,27 @@ from fleet.types import EngineMetrics
 from policies.loads import batch_size, queue_size, running_size
 from tests.unit.policies.builders import backend
 
-CASES: list[dict[str, Any]] = [
-    {},
-    {"in_flight": 5},
-    {"in_flight": 2, "scraped": EngineMetrics(running=3, waiting=4)},
-    {"in_flight": 9, "decoding": 4, "scraped": EngineMetrics(running=3, waiting=1)},
-    {"scraped": EngineMetrics()},
-]
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({}, 0),
+        ({"in_flight": 5}, 5),  # no scrape yet: the proxy's own count
+        ({"in_flight": 2, "scraped": EngineMetrics(running=3, waiting=4)}, 7),  # scrape larger
+        ({"in_flight": 9, "decoding": 4, "scraped": EngineMetrics(running=3, waiting=1)}, 9),
+        ({"scraped": EngineMetrics()}, 0),
+    ],
+)
+def test_batch_size_is_the_larger_of_own_accounting_and_scrape(
+    kw: dict[str, Any], expected: float
+) -> None:
+    assert batch_size(backend("b", **kw)) == expected
 
 
-@pytest.mark.parametrize("kw", CASES)
-def test_batch_size_is_the_larger_of_own_accounting_and_scrape(kw: dict[str, Any]) -> None:
-    b = backend("b", **kw)
-    scraped = kw.get("scraped")
-    expected = max(kw.get("in_flight", 0), scraped.running + scraped.waiting if scraped else 0)
-    assert batch_size(b) == b.batch_size == expected
+def test_batch_size_counts_the_other_workers_in_flight() -> None:
+    b = backend("b", in_flight=2, scraped=EngineMetrics(running=3, waiting=0))
+    b.load.peer_in_flight = 4
+    assert batch_size(b) == 6
 
 
 @pytest.mark.parametrize(

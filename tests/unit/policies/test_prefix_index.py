@@ -114,6 +114,19 @@ def test_session_hasher_is_bounded() -> None:
     assert hasher.resumed == 1
 
 
+def test_session_hasher_forgets_the_least_recently_used_session() -> None:
+    hasher = PromptHasher(chars_per_block=64, sessions=2)
+    hasher.hashes(text_blocks(2), "m", "a")
+    hasher.hashes(text_blocks(2), "m", "b")
+    hasher.hashes(text_blocks(2), "m", "a")  # a used again: b is now the oldest
+    hasher.hashes(text_blocks(2), "m", "c")  # evicts b
+    resumed = hasher.resumed
+    hasher.hashes(text_blocks(3), "m", "a")
+    assert hasher.resumed == resumed + 1
+    hasher.hashes(text_blocks(3), "m", "b")
+    assert hasher.resumed == resumed + 1
+
+
 def test_the_scheduler_sizes_each_backend_from_its_cache_config() -> None:
     from fleet.types import EngineMetrics
     from policies.registry import build_policy

@@ -113,3 +113,20 @@ def test_serve_with_unknown_policy_lists_known_ones() -> None:
 def test_hf_token_counting_needs_a_tokenizer_path() -> None:
     with pytest.raises(ConfigError, match="tokenizer_path"):
         load_settings({"token_counter": "hf"})
+
+
+def test_max_connections_is_read_as_max_idle_connections_per_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("FLEET_PROXY_MAX_CONNECTIONS", raising=False)
+    config = tmp_path / "proxy.yaml"
+    config.write_text("max_connections: 64\n")
+    with caplog.at_level("WARNING", logger="fleet_proxy.settings"):
+        assert load_settings(config_file=config).max_idle_connections_per_backend == 64
+    assert "'max_connections' is deprecated" in caplog.text
+    both = {"max_connections": 64, "max_idle_connections_per_backend": 16}
+    assert load_settings(both).max_idle_connections_per_backend == 16  # the new name wins
+    monkeypatch.setenv("FLEET_PROXY_MAX_CONNECTIONS", "32")
+    assert load_settings().max_idle_connections_per_backend == 32
+    monkeypatch.delenv("FLEET_PROXY_MAX_CONNECTIONS")
+    assert load_settings().max_idle_connections_per_backend == 2048
