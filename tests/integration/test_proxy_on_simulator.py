@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ from fleet.tokens import estimate_tokens
 from fleet.types import Backend
 from policies.policy import Decision, RequestContext
 from simulator.fleet import SimFleet, start_fleet
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
@@ -77,10 +77,7 @@ async def test_disconnect_through_proxy_frees_the_engine(fleet: SimFleet) -> Non
                 for _ in range(3):
                     await anext(lines)
                 assert not idle(fleet)
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and not idle(fleet):
-            await asyncio.sleep(0.02)
-        assert idle(fleet)
+        await eventually(lambda: idle(fleet), what="the engines idle after the disconnect")
         for s in fleet.engines:
             assert s.engine.core.requests == {}
         assert len(app.core.live) == 0
