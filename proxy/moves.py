@@ -114,9 +114,6 @@ class SessionMoves:
     def _close_leg(self) -> None:
         raise NotImplementedError
 
-    def _policy_done(self, decision: Decision) -> None:
-        raise NotImplementedError
-
     def _note_failure(self, e: RetryableUpstream) -> None:
         raise NotImplementedError
 
@@ -202,7 +199,6 @@ class SessionMoves:
                 decision = opener.choose(self.ctx, {source.backend.id}, first=False)
             except ProxyError:
                 return "recompute", None
-            self._policy_done(decision)  # the pick only names the target; no leg went there
             if not opener.transfers_kv(decision.target):
                 return "recompute", None
             to = decision.target
@@ -415,7 +411,6 @@ class SessionMoves:
             except RetryableUpstream as e:
                 self._note_failure(e)
                 self.dispatch.release()
-                self._policy_done(decision)
                 exclude.add(target.id)
                 detail = str(e)
                 if required is not None:
@@ -427,7 +422,6 @@ class SessionMoves:
                 text = (await resp.read())[:300].decode("utf-8", "replace")
                 resp.release()
                 self.dispatch.release()
-                self._policy_done(decision)
                 return None, f"{target.id} answered HTTP {resp.status}: {text}"
             leg = Leg(decision, None, resp, reason, tokens, leg_kind)
             self._begin_leg(leg)

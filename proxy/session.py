@@ -339,7 +339,6 @@ class RequestSession(SessionMoves):
                 self._opening = self._opening_resp = None
         except BaseException:
             self.dispatch.release()
-            self._policy_done(decision)
             raise
         leg = Leg(decision, prefill, resp, "first", 0)
         self._begin_leg(leg)
