@@ -66,7 +66,10 @@ class LiveEntry(Protocol):
         ...
 
     @property
-    def prompt_tokens(self) -> int: ...
+    def charged_prompt_tokens(self) -> int:
+        """The prompt tokens its current backend was charged: the uncached part the policy
+        expected it to compute (all of the prompt when the policy did not say)."""
+        ...
 
     @property
     def tokens_generated(self) -> int:

@@ -178,7 +178,7 @@ class RequestSession(SessionMoves):
         return self._leg_live
 
     @property
-    def prompt_tokens(self) -> int:
+    def charged_prompt_tokens(self) -> int:
         return self._charge
 
     @property
@@ -210,7 +210,7 @@ class RequestSession(SessionMoves):
             "model": self.ctx.model,
             "backend": self.backend_id,
             "stream": self.ctx.stream,
-            "prompt_tokens": self._charge,
+            "charged_prompt_tokens": self._charge,
             "token_events": ledger.token_events if ledger is not None else None,
             "tokens_generated": len(ledger.generated) if ledger is not None else None,
             "attempts": len(self.tried),

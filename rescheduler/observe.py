@@ -40,7 +40,7 @@ def request_view(entry: LiveEntry) -> RequestView:
         key=entry.upstream_request_id,
         request_id=entry.request_id,
         arrived_at=entry.arrived_at,
-        prompt_tokens=entry.prompt_tokens,
+        charged_prompt_tokens=entry.charged_prompt_tokens,
         generated_tokens=entry.tokens_generated,
         running=entry.running,
         movable=entry.movable_reason(planned=True) == "",

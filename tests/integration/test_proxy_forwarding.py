@@ -357,7 +357,7 @@ async def test_accounting_counts_in_flight_and_pending_prefill(two_backends):
         assert sum(ld.in_flight for ld in loads) == 1
         assert sum(ld.pending_prefill_tokens for ld in loads) == 100
         live = list(app.core.live)
-        assert len(live) == 1 and live[0].view()["prompt_tokens"] == 100
+        assert len(live) == 1 and live[0].view()["charged_prompt_tokens"] == 100
         r = await task
         assert r.status_code == 200
         assert all(ld.in_flight == 0 and ld.pending_prefill_tokens == 0 for ld in loads)

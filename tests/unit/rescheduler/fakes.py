@@ -17,7 +17,7 @@ class FakeEntry:
     upstream_request_id: str = ""
     arrived_at: float = 0.0
     running: bool = True
-    prompt_tokens: int = 10
+    charged_prompt_tokens: int = 10
     tokens_generated: int = 5
     not_movable: str = ""
     move_delay: float = 0.0
