@@ -31,7 +31,7 @@ from proxy.move_kinds import MoveKind, RequestedKind, choose_kind
 from proxy.settings import Settings
 from proxy.splice import Splicer, StreamIdentity
 from proxy.stream_tokens import TokenLedger
-from proxy.upstream import UpstreamResponse
+from proxy.upstream import FailureKind, UpstreamResponse
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -501,7 +501,7 @@ class SessionMoves:
     def _eject(self, backend: Backend, brk: Break) -> None:
         """Passive ejection: a backend that broke or stalled under a request gets no new ones
         until its next passing health check."""
-        kind = "stalled" if brk.kind == "stalled" else "mid_stream"
+        kind: FailureKind = "stalled" if brk.kind == "stalled" else "mid_stream"
         self._metrics.count_upstream_error(backend.id, kind)
         self._opener.failed(backend, kind)
         backend.last_error = f"{kind}: {brk.detail}"

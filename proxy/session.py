@@ -48,7 +48,7 @@ from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
 from proxy.splice import Splicer
 from proxy.stream_tokens import EventAligner, TokenLedger
-from proxy.upstream import UpstreamError, UpstreamResponse
+from proxy.upstream import UpstreamError, UpstreamResponse, failure_kind
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -349,7 +349,7 @@ class RequestSession(SessionMoves):
         except UpstreamError as e:
             self._close_leg()
             self.dispatch.release()
-            raise RetryableUpstream(backend, "io", str(e)) from None
+            raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
         opener.succeeded(backend)
         return leg, whole
 
