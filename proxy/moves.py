@@ -33,7 +33,7 @@ from proxy.splice import Splicer, StreamIdentity
 from proxy.stream_tokens import TokenLedger
 from proxy.upstream import FailureKind, UpstreamResponse
 
-log = logging.getLogger("fleet_proxy.session")
+log = logging.getLogger("fleet_proxy.moves")
 
 _CONTINUE_PATH = "/v1/completions"
 DONE_EVENT = b"data: [DONE]\n\n"
