@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from fleet.clock import Clock
+from fleet.live import LiveTable
 from fleet.outliers import (
     BackendActivity,
     CapReached,
@@ -21,7 +22,6 @@ from fleet.outliers import (
 )
 from fleet.registry import FleetRegistry
 from fleet.types import Backend
-from proxy.live import LiveTable
 from proxy.metrics import RouterMetrics
 from proxy.settings import Settings
 from proxy.upstream import FailureKind

@@ -16,6 +16,7 @@ from typing import Any, cast
 import orjson
 
 from fleet.clock import Clock
+from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
 from policies.policy import Decision, RequestContext
 from proxy.accounting import Dispatch
@@ -25,7 +26,6 @@ from proxy.continuation import continuation_body
 from proxy.disagg import decode_body
 from proxy.errors import ProxyError, sse_error_event
 from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream
-from proxy.live import MoveResult, NotMovable
 from proxy.metrics import RouterMetrics
 from proxy.move_kinds import MoveKind, RequestedKind, choose_kind
 from proxy.settings import Settings

@@ -35,6 +35,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from fleet.live import MoveResult
 from fleet.types import Backend
 from policies.policy import RequestContext
 from proxy.accounting import Dispatch
@@ -44,7 +45,6 @@ from proxy.continuation import Movability
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, openai_not_found
 from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
-from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
 from proxy.splice import Splicer
 from proxy.stream_tokens import EventAligner, TokenLedger

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fleet.clock import Clock
+from fleet.live import LiveEntry
 from fleet.types import Backend, MetricsSnapshot, Role
-from proxy.live import LiveEntry
 from rescheduler.view import ClusterView, InferType, InstanceView, RequestView
 
 INFER_TYPES: dict[Role, InferType] = {

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
-from proxy.live import MoveResult, NotMovable
 
 
 @dataclass(eq=False)

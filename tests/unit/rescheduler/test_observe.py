@@ -1,5 +1,5 @@
+from fleet.live import LiveTable
 from fleet.types import Backend, BackendSpec, EngineMetrics, Load, MetricsSnapshot, Role
-from proxy.live import LiveTable
 from rescheduler.observe import cluster_view, recent_itl
 from rescheduler.view import InferType
 from rescheduler.wire import view_from_json, view_to_json
