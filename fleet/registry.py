@@ -86,7 +86,9 @@ class FleetRegistry:
         fresh: list[Backend] = []
         stale: list[Backend] = []
         stale_after = self.stale_after
-        for b in self._backends.values():
+        # A copy made in one step: the /metrics collectors call this from a scrape thread, where
+        # a backend added or removed on the loop meanwhile would break iterating the dict itself.
+        for b in tuple(self._backends.values()):
             # A backend whose models are not known yet serves nothing: no routing by model.
             if model not in b.spec.models:
                 continue
@@ -98,7 +100,7 @@ class FleetRegistry:
         return fresh or stale
 
     def routable(self, now: float) -> list[Backend]:
-        return [b for b in self._backends.values() if b.routable(now, self.stale_after)]
+        return [b for b in tuple(self._backends.values()) if b.routable(now, self.stale_after)]
 
     def models(self, now: float) -> list[str]:
         """Union of models over backends that can take requests."""
@@ -109,4 +111,4 @@ class FleetRegistry:
         return list(seen)
 
     def knows_model(self, model: str) -> bool:
-        return any(model in b.spec.models for b in self._backends.values())
+        return any(model in b.spec.models for b in tuple(self._backends.values()))

@@ -40,12 +40,12 @@ class BackendStatus:
 @dataclass(frozen=True, slots=True)
 class LiveRequest:
     backend: str
-    prompt_tokens: int
+    charged_prompt_tokens: int  # the uncached prompt part its backend was charged
     tokens_generated: int
 
     @property
     def tokens(self) -> int:
-        return self.prompt_tokens + self.tokens_generated
+        return self.charged_prompt_tokens + self.tokens_generated
 
 
 class ProxyAdmin(Protocol):
@@ -84,7 +84,7 @@ class HttpProxyAdmin:
         return [
             LiveRequest(
                 backend=str(x.get("backend") or ""),
-                prompt_tokens=int(x.get("prompt_tokens") or 0),
+                charged_prompt_tokens=int(x.get("charged_prompt_tokens") or 0),
                 tokens_generated=int(x.get("tokens_generated") or 0),
             )
             for x in r.json()

@@ -26,12 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.changes import FleetChanges, LocalChanges
 from fleet.discovery import ADMIN
+from fleet.live import LiveEntry, NotMovable
 from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
 from proxy.core import ProxyCore
 from proxy.errors import ErrorBody
-from proxy.live import LiveEntry, NotMovable
 from proxy.peer_sync import PeerSync
 from proxy.settings import BackendConfig
 from proxy.url_policy import (

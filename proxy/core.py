@@ -17,6 +17,7 @@ from prometheus_client import (
 
 from fleet.clock import Clock, SystemClock
 from fleet.discovery import StaticSource, reconcile
+from fleet.live import LiveTable
 from fleet.prompt_tokens import (
     HfTokenizer,
     PromptTokenizer,
@@ -33,7 +34,6 @@ from policies.scheduler import Scheduler
 from proxy.ejection import EjectionGuard
 from proxy.kv_event_loop import KvEventSubscribers
 from proxy.kv_event_metrics import KvEventsCollector
-from proxy.live import LiveTable
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.request_log import JsonRequestLog
 from proxy.settings import Settings

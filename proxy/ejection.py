@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 from fleet.clock import Clock
+from fleet.live import LiveTable
 from fleet.outliers import (
     BackendActivity,
     CapReached,
@@ -21,9 +22,9 @@ from fleet.outliers import (
 )
 from fleet.registry import FleetRegistry
 from fleet.types import Backend
-from proxy.live import LiveTable
 from proxy.metrics import RouterMetrics
 from proxy.settings import Settings
+from proxy.upstream import FailureKind
 
 log = logging.getLogger("fleet_proxy.ejection")
 
@@ -62,7 +63,7 @@ class EjectionGuard:
 
     # --- what requests report
 
-    def failed(self, backend: Backend, kind: str) -> None:
+    def failed(self, backend: Backend, kind: FailureKind) -> None:
         """A request failed on `backend` (5xx, connection, stream cut or stalled)."""
         if not self.enabled:
             return

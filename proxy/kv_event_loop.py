@@ -162,7 +162,8 @@ class KvEventSubscribers:
         self._running: dict[str, tuple[KvEventSubscriber, asyncio.Task[None]]] = {}
 
     def streams(self) -> list[KvEventStream]:
-        return [sub.stream for sub, _ in self._running.values()]
+        # Copied in one step first: the /metrics collector reads this from a scrape thread.
+        return [sub.stream for sub, _ in tuple(self._running.values())]
 
     def wanted(self) -> dict[str, Feed]:
         return {

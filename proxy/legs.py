@@ -28,7 +28,13 @@ from proxy.disagg import (
 )
 from proxy.errors import ProxyError
 from proxy.move_kinds import transfers_kv
-from proxy.upstream import UpstreamError, UpstreamResponse, split_url
+from proxy.upstream import (
+    FailureKind,
+    UpstreamError,
+    UpstreamResponse,
+    failure_kind,
+    split_url,
+)
 
 log = logging.getLogger("fleet_proxy.legs")
 
@@ -44,10 +50,10 @@ CALLER_CHOSEN = "chosen by the caller"
 class RetryableUpstream(Exception):
     """A backend failed before anything of its answer reached the client."""
 
-    def __init__(self, backend: Backend, kind: str, detail: str) -> None:
+    def __init__(self, backend: Backend, kind: FailureKind, detail: str) -> None:
         super().__init__(f"{backend.id}: {detail}")
         self.backend = backend
-        self.kind = kind
+        self.kind: FailureKind = kind
 
 
 class Leg:
@@ -291,7 +297,7 @@ class LegOpener:
             raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
         return resp
 
-    def failed(self, backend: Backend, kind: str) -> None:
+    def failed(self, backend: Backend, kind: FailureKind) -> None:
         """A leg failed for a reason of the backend's: outcome-based ejection counts it."""
         self.core.ejection.failed(backend, kind)
 
@@ -309,13 +315,6 @@ class LegOpener:
         if e.kind == "connect":
             # Passive health: stop sending here until the next health check says otherwise.
             e.backend.healthy = False
-
-
-def failure_kind(e: UpstreamError) -> str:
-    """Metric and health label: only a refused connection says the backend is down."""
-    if e.kind == "connect":
-        return "connect_timeout" if e.timed_out else "connect"
-    return "io"
 
 
 def _unavailable(message: str) -> ProxyError:

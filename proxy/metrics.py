@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from fleet.clock import Clock
 from fleet.registry import FleetRegistry
+from proxy.upstream import FailureKind
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -52,7 +53,7 @@ class RouterMetrics:
         self.upstream_errors = Counter(
             "fleet_proxy_upstream_errors",
             "Failures talking to a backend, by kind: connect (refused), connect_timeout, io, "
-            "status (a 5xx answer), mid_stream",
+            "status (a 5xx answer), mid_stream, stalled",
             ["backend", "kind"],
             registry=registry,
         )
@@ -187,7 +188,7 @@ class RouterMetrics:
         self._backend_series.setdefault(backend_id, set()).add((metric, (backend_id, label)))
         metric.labels(backend_id, label).inc()
 
-    def count_upstream_error(self, backend_id: str, kind: str) -> None:
+    def count_upstream_error(self, backend_id: str, kind: FailureKind) -> None:
         self._count_backend(self.upstream_errors, backend_id, kind)
 
     def count_passive_ejection(self, backend_id: str, reason: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, cast
 import orjson
 
 from fleet.clock import Clock
+from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
 from policies.policy import Decision, RequestContext
 from proxy.accounting import Dispatch
@@ -25,15 +26,14 @@ from proxy.continuation import continuation_body
 from proxy.disagg import decode_body
 from proxy.errors import ProxyError, sse_error_event
 from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream
-from proxy.live import MoveResult, NotMovable
 from proxy.metrics import RouterMetrics
 from proxy.move_kinds import MoveKind, RequestedKind, choose_kind
 from proxy.settings import Settings
 from proxy.splice import Splicer, StreamIdentity
 from proxy.stream_tokens import TokenLedger
-from proxy.upstream import UpstreamResponse
+from proxy.upstream import FailureKind, UpstreamResponse
 
-log = logging.getLogger("fleet_proxy.session")
+log = logging.getLogger("fleet_proxy.moves")
 
 _CONTINUE_PATH = "/v1/completions"
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -501,7 +501,7 @@ class SessionMoves:
     def _eject(self, backend: Backend, brk: Break) -> None:
         """Passive ejection: a backend that broke or stalled under a request gets no new ones
         until its next passing health check."""
-        kind = "stalled" if brk.kind == "stalled" else "mid_stream"
+        kind: FailureKind = "stalled" if brk.kind == "stalled" else "mid_stream"
         self._metrics.count_upstream_error(backend.id, kind)
         self._opener.failed(backend, kind)
         backend.last_error = f"{kind}: {brk.detail}"

@@ -57,7 +57,8 @@ class InProcessAdmin:
 
     async def live_requests(self) -> list[LiveRequest]:
         return [
-            LiveRequest(e.backend_id, e.prompt_tokens, e.tokens_generated) for e in self.core.live
+            LiveRequest(e.backend_id, e.charged_prompt_tokens, e.tokens_generated)
+            for e in self.core.live
         ]
 
     async def add_backend(self, backend_id: str, url: str, role: Role) -> None:

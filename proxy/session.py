@@ -35,6 +35,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from fleet.live import MoveResult
 from fleet.types import Backend
 from policies.policy import RequestContext
 from proxy.accounting import Dispatch
@@ -44,11 +45,10 @@ from proxy.continuation import Movability
 from proxy.core import ProxyCore
 from proxy.errors import ProxyError, openai_not_found
 from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
-from proxy.live import MoveResult
 from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
 from proxy.splice import Splicer
 from proxy.stream_tokens import EventAligner, TokenLedger
-from proxy.upstream import UpstreamError, UpstreamResponse
+from proxy.upstream import UpstreamError, UpstreamResponse, failure_kind
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -178,7 +178,7 @@ class RequestSession(SessionMoves):
         return self._leg_live
 
     @property
-    def prompt_tokens(self) -> int:
+    def charged_prompt_tokens(self) -> int:
         return self._charge
 
     @property
@@ -210,7 +210,7 @@ class RequestSession(SessionMoves):
             "model": self.ctx.model,
             "backend": self.backend_id,
             "stream": self.ctx.stream,
-            "prompt_tokens": self._charge,
+            "charged_prompt_tokens": self._charge,
             "token_events": ledger.token_events if ledger is not None else None,
             "tokens_generated": len(ledger.generated) if ledger is not None else None,
             "attempts": len(self.tried),
@@ -349,7 +349,7 @@ class RequestSession(SessionMoves):
         except UpstreamError as e:
             self._close_leg()
             self.dispatch.release()
-            raise RetryableUpstream(backend, "io", str(e)) from None
+            raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
         opener.succeeded(backend)
         return leg, whole
 

@@ -37,7 +37,16 @@ from urllib.parse import urlsplit
 
 import httptools
 
+# What went wrong on the wire: this module's own vocabulary, for whoever reads a response.
 UpstreamErrorKind = Literal["connect", "timeout", "disconnect", "protocol", "interrupted"]
+
+# What a failure says about the backend: the one vocabulary of the proxy's failure handling,
+# its `fleet_proxy_upstream_errors` kind label, outcome-based ejection and `last_error`.
+# connect: refused (the backend is down); connect_timeout: no connection in time (busy?);
+# io: the connection broke or timed out while answering; status: a retryable 5xx answer;
+# mid_stream: the stream broke after output reached the client; stalled: it stopped flowing.
+# `failure_kind()` below is the one place an UpstreamError becomes one of these.
+FailureKind = Literal["connect", "connect_timeout", "io", "status", "mid_stream", "stalled"]
 
 # Flow control: pause the socket once this many body bytes wait for the consumer, resume when
 # it has taken them down to the low mark. Large enough that token streams never pause.
@@ -63,6 +72,13 @@ class UpstreamError(Exception):
         self.kind: UpstreamErrorKind = kind
         # For "connect": the backend did not answer in time (busy?) rather than refusing.
         self.timed_out = timed_out
+
+
+def failure_kind(e: UpstreamError) -> FailureKind:
+    """What `e` says about the backend: only a refused connection says it is down."""
+    if e.kind == "connect":
+        return "connect_timeout" if e.timed_out else "connect"
+    return "io"
 
 
 class _Origin:

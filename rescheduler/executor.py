@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fleet.live import LiveTable, NotMovable
 from fleet.registry import FleetRegistry
-from proxy.live import LiveTable, NotMovable
 from rescheduler.metrics import ReschedulerMetrics
 from rescheduler.view import Migration
 

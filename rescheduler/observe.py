@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fleet.clock import Clock
+from fleet.live import LiveEntry
 from fleet.types import Backend, MetricsSnapshot, Role
-from proxy.live import LiveEntry
 from rescheduler.view import ClusterView, InferType, InstanceView, RequestView
 
 INFER_TYPES: dict[Role, InferType] = {
@@ -40,7 +40,7 @@ def request_view(entry: LiveEntry) -> RequestView:
         key=entry.upstream_request_id,
         request_id=entry.request_id,
         arrived_at=entry.arrived_at,
-        prompt_tokens=entry.prompt_tokens,
+        charged_prompt_tokens=entry.charged_prompt_tokens,
         generated_tokens=entry.tokens_generated,
         running=entry.running,
         movable=entry.movable_reason(planned=True) == "",

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client import CollectorRegistry, start_http_server
 
-from proxy.settings import Settings
+from rescheduler.config import ReschedulerConfig
 from rescheduler.decide import check_config
 from rescheduler.executor import BoundedExecutor
 from rescheduler.loop import ReschedulerLoop
@@ -26,6 +26,25 @@ from rescheduler.view import ClusterView
 from rescheduler.wire import view_from_json
 
 log = logging.getLogger("fleet_proxy.rescheduler")
+
+
+class StandaloneSettings(Protocol):
+    """What this process reads of its settings (the proxy's Settings has all of it): declared
+    here so the rescheduler does not import the proxy."""
+
+    @property
+    def rescheduling_interval_ms(self) -> int: ...
+
+    @property
+    def rescheduling_migration_timeout(self) -> float: ...
+
+    @property
+    def rescheduling_max_concurrent_migrations(self) -> int: ...
+
+    @property
+    def rescheduling_history(self) -> int: ...
+
+    def rescheduler_config(self, workers: int = 1) -> ReschedulerConfig: ...
 
 
 class AdminViewSource:
@@ -75,7 +94,10 @@ def _message(data: Any) -> str:
 
 
 def build_standalone(
-    settings: Settings, client: httpx.AsyncClient, proxy_url: str, registry: CollectorRegistry
+    settings: StandaloneSettings,
+    client: httpx.AsyncClient,
+    proxy_url: str,
+    registry: CollectorRegistry,
 ) -> ReschedulerLoop:
     config = settings.rescheduler_config()
     check_config(config)
@@ -97,7 +119,7 @@ def build_standalone(
 
 
 async def run_standalone(
-    settings: Settings, proxy_url: str, admin_token: str | None, metrics_port: int | None
+    settings: StandaloneSettings, proxy_url: str, admin_token: str | None, metrics_port: int | None
 ) -> None:
     registry = CollectorRegistry(auto_describe=True)
     if metrics_port is not None:
@@ -112,7 +134,7 @@ async def run_standalone(
 
 
 def main(
-    settings: Settings, proxy_url: str, admin_token: str | None, metrics_port: int | None
+    settings: StandaloneSettings, proxy_url: str, admin_token: str | None, metrics_port: int | None
 ) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_standalone(settings, proxy_url, admin_token, metrics_port))

@@ -27,7 +27,7 @@ class RequestView:
     key: str  # unique among live requests (the upstream request id); what a migration names
     request_id: str  # the client's x-request-id, for logs
     arrived_at: float  # clock seconds when the proxy received it: the order of coming
-    prompt_tokens: int
+    charged_prompt_tokens: int  # the uncached prompt part its backend was charged
     generated_tokens: int  # tokens the client has received
     running: bool  # its current backend has started answering; else it waits (queued/prefill)
     movable: bool  # a planned move may take it now
@@ -35,7 +35,7 @@ class RequestView:
     @property
     def tokens(self) -> int:
         """Its sequence length: the KV it holds (or will hold) on the instance."""
-        return self.prompt_tokens + self.generated_tokens
+        return self.charged_prompt_tokens + self.generated_tokens
 
 
 @dataclass(frozen=True, slots=True)

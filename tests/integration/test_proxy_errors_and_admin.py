@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 
@@ -148,11 +149,16 @@ async def test_backend_with_stale_scrape_gets_no_requests(backend):
     other = FakeBackend()
     await other.start()
     try:
-        settings = fast_settings([backend.url, other.url], stale_after=0.3)
+        settings = fast_settings([backend.url, other.url], stale_after=1.0)
         async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
             # /metrics of `other` starts failing: its snapshot ages while backend's stays fresh.
             other.metrics_status = 500
-            await asyncio.sleep(0.6)
+
+            async def other_stale() -> bool:
+                views = (await c.get("/admin/backends")).json()
+                return [v["routable"] for v in views] == [True, False]
+
+            await eventually(other_stale, what="the failing backend going stale")
             for _ in range(4):
                 r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
                 assert backend.url.endswith(r.headers["x-fleet-backend"])
@@ -160,10 +166,11 @@ async def test_backend_with_stale_scrape_gets_no_requests(backend):
             assert [v["routable"] for v in views] == [True, False]
             assert "/metrics failed" in views[1]["last_error"]
             other.metrics_status = 200
-            for _ in range(100):
-                if all(v["routable"] for v in (await c.get("/admin/backends")).json()):
-                    break
-                await asyncio.sleep(0.02)
+
+            async def both_routable() -> bool:
+                return all(v["routable"] for v in (await c.get("/admin/backends")).json())
+
+            await eventually(both_routable, what="the backend routable again")
             used = {
                 (
                     await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
@@ -294,7 +301,9 @@ async def test_wrong_method_on_an_openai_endpoint_is_405(backend):
 
 
 async def test_reused_request_ids_do_not_collide_in_the_live_table(backend):
-    backend.behaviour = Behaviour(chunks=2, first_byte_delay=0.3)
+    # The backend answers one held request per permit: both stay in flight until released.
+    hold = asyncio.Semaphore(0)
+    backend.behaviour = Behaviour(chunks=2, hold=hold)
     async with (
         running_proxy(fast_settings([backend.url])) as (url, app),
         httpx.AsyncClient(base_url=url) as c,
@@ -303,15 +312,17 @@ async def test_reused_request_ids_do_not_collide_in_the_live_table(backend):
         first = asyncio.create_task(
             c.post("/v1/completions", json=body, headers={"x-request-id": "same"})
         )
-        await asyncio.sleep(0.1)
+        await eventually(lambda: backend.active == 1, what="the first request at the backend")
         second = asyncio.create_task(
             c.post("/v1/completions", json=body, headers={"x-request-id": "same"})
         )
-        await asyncio.sleep(0.1)
+        await eventually(lambda: backend.active == 2, what="the second request at the backend")
         assert len(app.core.live.find("same")) == 2
-        await first
+        hold.release()  # the first one waiting on the permit is the first request
+        assert (await first).status_code == 200
         assert len(app.core.live.find("same")) == 1
-        await second
+        hold.release()
+        assert (await second).status_code == 200
         assert len(app.core.live) == 0
 
 

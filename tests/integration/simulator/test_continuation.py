@@ -5,7 +5,7 @@ import aiohttp
 import pytest
 
 from simulator.fleet import SimFleet
-from tests.integration.simulator.conftest import post_json
+from tests.integration.simulator.conftest import post_json, read_sse
 
 MODEL = "sim-llama-8b"
 N = 40
@@ -81,6 +81,8 @@ async def test_chat_continues_as_token_id_completion(
 async def test_streamed_token_ids_match_and_eos_ends_naturally(
     fleet: SimFleet, http: aiohttp.ClientSession
 ):
+    """The token ids a stream carries, chunk by chunk, are those another engine returns in
+    one response: a stream can be continued from what the client has already seen."""
     a, b = fleet.urls
     body = {
         "model": MODEL,
@@ -88,9 +90,16 @@ async def test_streamed_token_ids_match_and_eos_ends_naturally(
         "max_tokens": 2000,
         "return_token_ids": True,
     }
-    _, first = await post_json(http, a + "/v1/completions", body)
-    _, second = await post_json(http, b + "/v1/completions", body)
-    c1, c2 = first["choices"][0], second["choices"][0]
-    assert c1["token_ids"] == c2["token_ids"]
+    async with http.post(a + "/v1/completions", json={**body, "stream": True}) as resp:
+        assert resp.status == 200
+        chunks, done = await read_sse(resp)
+    assert done
+    streamed = [i for c in chunks for ch in c["choices"] for i in ch.get("token_ids") or ()]
+    finish = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert len(chunks) > 2  # it really streamed: more than one event carried tokens
+    _, whole = await post_json(http, b + "/v1/completions", body)
+    choice = whole["choices"][0]
+    assert streamed == choice["token_ids"]
     # Without ignore_eos the deterministic model ends by EOS well before max_tokens.
-    assert c1["finish_reason"] == "stop" and len(c1["token_ids"]) < 2000
+    assert finish == ["stop"] and choice["finish_reason"] == "stop"
+    assert len(streamed) < 2000

@@ -23,7 +23,7 @@ def req(
         key=key,
         request_id=f"rid-{key}",
         arrived_at=arrived,
-        prompt_tokens=prompt,
+        charged_prompt_tokens=prompt,
         generated_tokens=generated,
         running=running,
         movable=movable,

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
-from proxy.live import MoveResult, NotMovable
 
 
 @dataclass(eq=False)
@@ -17,7 +17,7 @@ class FakeEntry:
     upstream_request_id: str = ""
     arrived_at: float = 0.0
     running: bool = True
-    prompt_tokens: int = 10
+    charged_prompt_tokens: int = 10
     tokens_generated: int = 5
     not_movable: str = ""
     move_delay: float = 0.0

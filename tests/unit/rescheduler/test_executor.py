@@ -2,9 +2,9 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
+from fleet.live import LiveTable
 from fleet.registry import FleetRegistry
 from fleet.types import BackendSpec
-from proxy.live import LiveTable
 from rescheduler.executor import BoundedExecutor, LocalMover
 from rescheduler.metrics import ReschedulerMetrics
 from rescheduler.view import Migration

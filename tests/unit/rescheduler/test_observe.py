@@ -1,5 +1,5 @@
+from fleet.live import LiveTable
 from fleet.types import Backend, BackendSpec, EngineMetrics, Load, MetricsSnapshot, Role
-from proxy.live import LiveTable
 from rescheduler.observe import cluster_view, recent_itl
 from rescheduler.view import InferType
 from rescheduler.wire import view_from_json, view_to_json
@@ -73,7 +73,7 @@ def test_requests_are_grouped_by_backend_and_named_by_upstream_id() -> None:
     assert [r.key for r in va.requests] == ["up-1", "up-2"]
     r1, r2 = va.requests
     assert r1.request_id == "same" and r1.arrived_at == 5.0
-    assert (r1.prompt_tokens, r1.generated_tokens, r1.tokens) == (10, 7, 17)
+    assert (r1.charged_prompt_tokens, r1.generated_tokens, r1.tokens) == (10, 7, 17)
     assert r1.running and r1.movable
     assert not r2.running and not r2.movable
 

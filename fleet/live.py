@@ -3,7 +3,9 @@
 it routes on each backend's `Load` and scrape.
 
 An entry is the request's session itself (proxy/session.py); the table keeps no stream bytes,
-so its memory does not grow with the tokens relayed.
+so its memory does not grow with the tokens relayed. It lives in fleet/, which imports none of
+the other packages, so that the proxy, which fills it, and the rescheduler, which reads it,
+both import it without importing each other.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ class LiveEntry(Protocol):
         ...
 
     @property
-    def prompt_tokens(self) -> int: ...
+    def charged_prompt_tokens(self) -> int:
+        """The prompt tokens its current backend was charged: the uncached part the policy
+        expected it to compute (all of the prompt when the policy did not say)."""
+        ...
 
     @property
     def tokens_generated(self) -> int:
