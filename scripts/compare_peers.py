@@ -637,7 +637,8 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--settings",
         default=",".join(DEFAULT_SETTINGS),
-        help="comma-separated ROUTER:POLICY; the first is the baseline",
+        help="comma-separated ROUTER:POLICY, fleet-proxy's optionally +precise then @wN "
+        "(fleet-proxy:unified+precise@w2); the first is the baseline",
     )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("peers-%Y%m%d-%H%M%S"))
