@@ -12,6 +12,13 @@ lag, prefix hits and preemptions from `/_sim/state`, and paired comparisons of e
 against every other (not only the first). Writes `routing.md` and `routing.json` next to
 compare_peers' `peers.md`.
 
+Settings are ROUTER:POLICY, as compare_peers takes them; a fleet-proxy setting may add
+`+precise` (the engines publish their KV-cache events and the policy takes its uncached-token
+figure from them: `routing: {policy: POLICY, precise_prefix: {}}`) and then `@wN` (`serve
+--workers N`), e.g. `fleet-proxy:unified@w2` or `fleet-proxy:unified+precise@w2`. A +precise
+run records each worker's events, blocks indexed and prompts tokenized in its `precise.json`
+and stops the campaign if any worker did not route by the events.
+
 Why `--speed` below 1: an H100 prefills ~31k tokens/s per engine, so queueing four of them
 at speed 1 needs more requests per second than 2 shared CPU cores can stream through a
 simulator, a router and a client. At speed S every engine timing takes 1/S times longer in
@@ -29,6 +36,7 @@ import shlex
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,38 +117,73 @@ def _run_summary(bundle: Path) -> dict[str, Any]:
     return summary
 
 
+def _runs(bundles: dict[str, list[Path]]) -> Iterator[tuple[str, int, Path]]:
+    """(setting, run number, bundle), setting by setting."""
+    for label, paths in bundles.items():
+        for k, b in enumerate(paths):
+            yield label, k, b
+
+
 def per_run_table(bundles: dict[str, list[Path]]) -> str:
     rows = [
         "| setting | run | start UTC | load 1-min before / after | requests | TTFT p50 | TTFT p90 "
         "| TTFT p99 | prefix hit % | preemptions | req max/min | sim lag % (worst) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, paths in bundles.items():
-        for k, b in enumerate(paths):
-            s = _run_summary(b)
-            m = orjson.loads((b / "machine.json").read_bytes())
-            engines = [e for e in m["engines"] if e]
-            hits = sum(e.get("prefix_hits", 0) for e in engines)
-            queries = sum(e.get("prefix_queries", 0) for e in engines)
-            pre = sum(e.get("preemptions", 0) for e in engines)
-            lag = max((e["lag_fraction"] for e in engines), default=None)
-            ratio = dig(s, "balance", "requests_max_over_min") or dig(
-                s, "backend_metrics", "requests_max_over_min"
-            )
+    for label, k, b in _runs(bundles):
+        s = _run_summary(b)
+        m = orjson.loads((b / "machine.json").read_bytes())
+        engines = [e for e in m["engines"] if e]
+        hits = sum(e.get("prefix_hits", 0) for e in engines)
+        queries = sum(e.get("prefix_queries", 0) for e in engines)
+        pre = sum(e.get("preemptions", 0) for e in engines)
+        lag = max((e["lag_fraction"] for e in engines), default=None)
+        ratio = dig(s, "balance", "requests_max_over_min") or dig(
+            s, "backend_metrics", "requests_max_over_min"
+        )
 
-            def ms(*path: str, s: dict[str, Any] = s) -> str:
-                v = dig(s, *path)
-                return "-" if v is None else f"{v:.0f}"
+        def ms(*path: str, s: dict[str, Any] = s) -> str:
+            v = dig(s, *path)
+            return "-" if v is None else f"{v:.0f}"
+
+        rows.append(
+            f"| {label} | {k} | {m['started_utc']} | {m['load_before'][0]:.1f} / "
+            f"{m['load_after'][0]:.1f} | {s['requests']} "
+            f"| {ms('ttft_ms', 'p50')} | {ms('ttft_ms', 'p90')} | {ms('ttft_ms', 'p99')} "
+            f"| {hits / queries * 100 if queries else 0:.1f} | {pre} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}'} "
+            f"| {'-' if lag is None else f'{lag * 100:.1f}'} |"
+        )
+    return "\n".join(rows)
+
+
+def precise_table(bundles: dict[str, list[Path]]) -> str:
+    """What each +precise run's workers said of their precise index at its end (precise.json):
+    "" when no run was +precise."""
+    rows = [
+        "| setting | run | worker | events applied | blocks indexed | backends trusted "
+        "| gaps / resyncs | prompts tokenized (failed) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, k, b in _runs(bundles):
+        if not (b / "precise.json").exists():
+            continue
+        states = orjson.loads((b / "precise.json").read_bytes())["workers"]
+        for worker, st in states.items():
+            be = st["backends"].values()
+            tok = st["prompt_tokenize"]
+
+            def total(*keys: str, be: Any = be) -> int:
+                return int(sum(x.get(key, 0) for x in be for key in keys))
 
             rows.append(
-                f"| {label} | {k} | {m['started_utc']} | {m['load_before'][0]:.1f} / "
-                f"{m['load_after'][0]:.1f} | {s['requests']} "
-                f"| {ms('ttft_ms', 'p50')} | {ms('ttft_ms', 'p90')} | {ms('ttft_ms', 'p99')} "
-                f"| {hits / queries * 100 if queries else 0:.1f} | {pre} "
-                f"| {'-' if ratio is None else f'{ratio:.2f}'} "
-                f"| {'-' if lag is None else f'{lag * 100:.1f}'} |"
+                f"| {label} | {k} | {worker} | {total('events')} | {total('blocks_indexed')} "
+                f"| {total('index_precise')} of {len(st['backends'])} | {total('event_gaps')} "
+                f"/ {total('event_resyncs_gap', 'event_resyncs_restart')} "
+                f"| {int(tok.get('tokenized', 0) + tok.get('cached', 0))} "
+                f"({int(tok.get('failed', 0))}) |"
             )
-    return "\n".join(rows)
+    return "\n".join(rows) if len(rows) > 2 else ""
 
 
 def all_pairs(bundles: dict[str, list[Path]]) -> tuple[str, dict[str, Any]]:
@@ -177,7 +220,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--speed", type=float, default=0.1, help="simulator clock speed")
     p.add_argument("--profile", default="h100-llama-8b")
     p.add_argument("--model", default="sim-llama-8b")
-    p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS))
+    p.add_argument(
+        "--settings",
+        default=",".join(DEFAULT_SETTINGS),
+        help="comma-separated ROUTER:POLICY; fleet-proxy's may end in +precise (routing by the "
+        "engines' KV-cache events) and/or @wN (N worker processes), in that order: "
+        "fleet-proxy:unified+precise@w2",
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("routing-%H%M%S"))
     p.add_argument(
@@ -191,7 +240,9 @@ def main(argv: list[str]) -> int:
     settings = [cp.RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
     if args.pool:
         pooled = {s.label: pooled_bundles(args.pool, s.label) for s in settings}
-        print(per_run_table(pooled) + "\n\n" + all_pairs(pooled)[0])
+        precise = precise_table(pooled)
+        print(per_run_table(pooled) + "\n\n" + (precise + "\n\n" if precise else ""))
+        print(all_pairs(pooled)[0])
         return 0
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -202,6 +253,7 @@ def main(argv: list[str]) -> int:
     )
     peers = cp.combine(out, bundles, skipped, args, bench_args)
     pairs_md, pairs = all_pairs(bundles)
+    precise = precise_table(bundles)
     command = " ".join(["scripts/bench_routing.py", *argv, "--", *bench_args])
     text = "\n".join(
         [
@@ -214,6 +266,7 @@ def main(argv: list[str]) -> int:
             "",
             per_run_table(bundles),
             "",
+            *(["## Precise index at the end of each run", "", precise, ""] if precise else []),
             "## Every pair",
             "",
             pairs_md,

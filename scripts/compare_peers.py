@@ -6,6 +6,16 @@ front of the same simulated fleet, replaying the same workload; one table and on
         [--settings vllm-router:round_robin,fleet-proxy:lmetric,...] [--out DIR]
         [-- BENCH ARGS]          (default: an agent workload, see DEFAULT_BENCH_ARGS)
 
+A setting is ROUTER:POLICY. A fleet-proxy setting may add `+precise` and `@wN`, in that order:
+`fleet-proxy:unified@w2` serves with `--workers 2`; `fleet-proxy:unified+precise` starts the
+fleet with `--kv-events-config` (every engine binds its publisher and replay socket on free
+loopback ports) and the proxy with a `--config` YAML naming each backend's endpoints and
+`routing: {policy: POLICY, precise_prefix: {}}` (the policy, its uncached-token figure from the
+engines' KV-cache events). After such a run the proxy's /metrics (every worker's) must show
+events applied, blocks indexed, every backend's index trusted and prompts tokenized for it,
+else the campaign stops with PreciseIndexUnused; what they showed is in the run's
+precise.json.
+
 Every run starts a fresh fleet (`fleet-proxy sim`, cold caches, same seed) and a fresh router
 on free loopback ports, waits until both answer, runs `fleet-proxy bench` against the router
 with the engines' /metrics snapshotted before and after, and stops both by PID. With
@@ -21,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -37,6 +49,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -71,17 +85,43 @@ PROXY_MAIN = "import sys; from proxy.cli import main; sys.exit(main(sys.argv[1:]
 class RouterSetting:
     kind: str  # vllm-router | sglang-router | fleet-proxy
     policy: str
+    workers: int = 1  # fleet-proxy serve --workers
+    precise: bool = False  # the engines publish KV-cache events; routing uses them
 
     @property
     def label(self) -> str:
-        return f"{self.kind}:{self.policy}"
+        precise = "+precise" if self.precise else ""
+        workers = f"@w{self.workers}" if self.workers != 1 else ""
+        return f"{self.kind}:{self.policy}{precise}{workers}"
 
     @classmethod
     def parse(cls, text: str) -> RouterSetting:
-        kind, sep, policy = text.partition(":")
+        """ROUTER:POLICY, and for fleet-proxy optionally +precise then @wN."""
+        kind, sep, rest = text.partition(":")
         if not sep or kind not in ("vllm-router", "sglang-router", "fleet-proxy"):
-            raise ValueError(f"bad setting {text!r}: want ROUTER:POLICY")
-        return cls(kind, policy)
+            raise ValueError(f"bad setting {text!r}: want ROUTER:POLICY[+precise][@wN]")
+        rest, at, workers_text = rest.partition("@")
+        workers = 1
+        if at:
+            digits = workers_text.removeprefix("w")
+            if not workers_text.startswith("w") or not (digits.isascii() and digits.isdigit()):
+                raise ValueError(f"bad setting {text!r}: want @wN (N worker processes) at the end")
+            workers = int(digits)
+            if workers < 1:
+                raise ValueError(f"bad setting {text!r}: @wN needs N >= 1")
+        policy, plus, flag = rest.partition("+")
+        if plus and flag != "precise":
+            raise ValueError(f"bad setting {text!r}: the only +FLAG is +precise")
+        if not policy:
+            raise ValueError(f"bad setting {text!r}: no policy")
+        if (at or plus) and kind != "fleet-proxy":
+            raise ValueError(f"bad setting {text!r}: +precise and @wN are fleet-proxy's")
+        return cls(kind, policy, workers, bool(plus))
+
+
+class PreciseIndexUnused(Exception):
+    """A +precise run whose proxy did not route by the engines' KV-cache events. Not a
+    RuntimeError, so run_campaign does not skip the setting quietly: the campaign stops."""
 
 
 def free_port() -> int:
@@ -131,12 +171,18 @@ class Proc:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU of a live process (Linux /proc), start-up included."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU of a live process and the live processes of its group (Linux /proc),
+    start-up included: a Proc leads its own group, so a `--workers N` proxy's workers count."""
+    total, leader = 0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended since the listing
+        if stat.parent.name == str(pid) or int(fields[2]) == pid:
+            leader = leader or stat.parent.name == str(pid)
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK") if leader else None
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
@@ -165,7 +211,31 @@ def wait_until(check: Any, proc: Proc, timeout_s: float, what: str) -> None:
     raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s; see {proc.log}")
 
 
-def start_fleet(args: argparse.Namespace, logs: Path, tag: str) -> tuple[Proc, list[str]]:
+# Every engine binds its publisher and replay socket on free ports (the simulator binds the
+# wildcard on its own loopback address).
+KV_EVENTS_CONFIG = {
+    "enable_kv_cache_events": True,
+    "publisher": "zmq",
+    "endpoint": "tcp://*:0",
+    "replay_endpoint": "tcp://*:0",
+}
+KV_EVENTS_LINE = re.compile(r"^(http://\S+) publishes KV events on (\S+?)(?:, replays on (\S+))?$")
+
+
+def kv_event_endpoints(log: Path) -> dict[str, tuple[str, str | None]]:
+    """Each engine's URL -> its KV-events publisher and replay socket, from the fleet's log."""
+    found: dict[str, tuple[str, str | None]] = {}
+    for line in log.read_text().splitlines():
+        if m := KV_EVENTS_LINE.match(line.strip()):
+            found[m[1]] = (m[2], m[3])
+    return found
+
+
+def start_fleet(
+    args: argparse.Namespace, logs: Path, tag: str, kv_events: bool = False
+) -> tuple[Proc, list[str]]:
+    """A `fleet-proxy sim` fleet and its engines' URLs; with kv_events, every engine publishes
+    its KV-cache events (kv_event_endpoints reads where from the log)."""
     cmd = [
         sys.executable,
         "-c",
@@ -181,21 +251,51 @@ def start_fleet(args: argparse.Namespace, logs: Path, tag: str) -> tuple[Proc, l
         "--model",
         args.model,
     ]
+    if kv_events:
+        cmd += ["--kv-events-config", orjson.dumps(KV_EVENTS_CONFIG).decode()]
     proc = Proc(cmd, logs / f"{tag}-sim.log")
 
     def urls() -> list[str]:
         lines = proc.log.read_text().splitlines()
-        return [x.strip() for x in lines if x.startswith("http://")]
+        return [x.strip() for x in lines if x.startswith("http://") and " " not in x.strip()]
 
-    wait_until(lambda: len(urls()) >= args.engines, proc, 60, "simulated fleet")
+    def ready() -> bool:
+        up = urls()
+        if len(up) < args.engines:
+            return False
+        return not kv_events or set(up[: args.engines]) <= set(kv_event_endpoints(proc.log))
+
+    wait_until(ready, proc, 60, "simulated fleet")
     return proc, urls()[: args.engines]
 
 
-def router_command(setting: RouterSetting, port: int, urls: list[str]) -> tuple[list[str], str]:
-    """The command line of a router on `port` and the URL that answers 200 when it is ready."""
+def proxy_config(
+    setting: RouterSetting, urls: list[str], endpoints: dict[str, tuple[str, str | None]]
+) -> dict[str, Any]:
+    """The --config of a +precise fleet-proxy: the backends with their KV-events endpoints,
+    and the policy as `--policy` builds it plus a `precise_prefix` section."""
+    backends: list[dict[str, str]] = []
+    for url in urls:
+        publish, replay = endpoints[url]
+        backend = {"url": url, "kv_events_endpoint": publish}
+        if replay:
+            backend["kv_events_replay_endpoint"] = replay
+        backends.append(backend)
+    return {"backends": backends, "routing": {"policy": setting.policy, "precise_prefix": {}}}
+
+
+def router_command(
+    setting: RouterSetting, port: int, urls: list[str], config: Path | None = None
+) -> tuple[list[str], str]:
+    """The command line of a router on `port` and the URL that answers 200 when it is ready;
+    a fleet-proxy with `config` takes its backends and routing from that YAML file."""
     base = f"http://127.0.0.1:{port}"
     if setting.kind == "fleet-proxy":
-        backends = [a for u in urls for a in ("--backend", u)]
+        if config is not None:
+            routing = ["--config", str(config)]
+        else:
+            routing = [*(a for u in urls for a in ("--backend", u)), "--policy", setting.policy]
+        workers = ["--workers", str(setting.workers)] if setting.workers != 1 else []
         return (
             [
                 sys.executable,
@@ -204,9 +304,8 @@ def router_command(setting: RouterSetting, port: int, urls: list[str]) -> tuple[
                 "serve",
                 "--port",
                 str(port),
-                *backends,
-                "--policy",
-                setting.policy,
+                *routing,
+                *workers,
                 "--log-level",
                 "warning",
             ],
@@ -238,6 +337,70 @@ def router_command(setting: RouterSetting, port: int, urls: list[str]) -> tuple[
         ],
         f"{base}/health",
     )
+
+
+def worker_metrics(port: int, workers: int, timeout_s: float = 30.0) -> dict[int, str]:
+    """Every worker's /metrics text by worker index. Each worker keeps its own metrics: ask
+    /admin/workers which one answers, then /metrics on the same keep-alive connection, over new
+    connections (the kernel spreads them) until every worker has answered or time is up."""
+    found: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(found) < workers and time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/admin/workers")
+            who = int(orjson.loads(conn.getresponse().read())["answered_by"])
+            conn.request("GET", "/metrics")
+            found.setdefault(who, conn.getresponse().read().decode())
+        except (OSError, http.client.HTTPException, KeyError, ValueError):
+            time.sleep(0.2)
+        finally:
+            conn.close()
+    return found
+
+
+def precise_index_state(metrics: str, engines: int) -> dict[str, Any]:
+    """What one proxy process's /metrics says of its precise index, and whether routing used it:
+    events applied and blocks indexed for every backend, every backend trusted
+    (fleet_proxy_kv_index_precise 1), and prompts tokenized for the index."""
+    backends: dict[str, dict[str, float]] = {}
+    tokenize: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "fleet_proxy_kv_prompt_tokenize_total":
+                tokenize[sample.labels["outcome"]] = sample.value
+                continue
+            key = sample.name.removeprefix("fleet_proxy_kv_").removesuffix("_total")
+            if sample.name.startswith("fleet_proxy_kv_") and "backend" in sample.labels:
+                if "reason" in sample.labels:
+                    key = f"{key}_{sample.labels['reason']}"
+                row = backends.setdefault(sample.labels["backend"], {})
+                row[key] = row.get(key, 0.0) + sample.value
+    problems = []
+    if len(backends) < engines:
+        problems.append(f"{len(backends)} of {engines} backends subscribed")
+    for backend, row in backends.items():
+        if not row.get("events"):
+            problems.append(f"{backend}: no events applied")
+        if not row.get("blocks_indexed"):
+            problems.append(f"{backend}: no blocks indexed")
+        if row.get("index_precise") != 1:
+            problems.append(f"{backend}: index not trusted")
+    if not tokenize.get("tokenized", 0) + tokenize.get("cached", 0):
+        problems.append("no prompt tokenized for the precise index")
+    return {"backends": backends, "prompt_tokenize": tokenize, "problems": problems}
+
+
+def check_precise(port: int, setting: RouterSetting, engines: int, bundle: Path) -> None:
+    """Record every worker's precise-index state in the bundle; stop the campaign if any
+    worker did not route by the engines' events."""
+    found = worker_metrics(port, setting.workers)
+    states = {str(w): precise_index_state(text, engines) for w, text in sorted(found.items())}
+    problems = [f"worker {w}: {p}" for w, st in states.items() for p in st["problems"]]
+    problems += [f"worker {w}: no /metrics" for w in range(setting.workers) if w not in found]
+    write_json(bundle / "precise.json", {"workers": states, "problems": problems})
+    if problems:
+        raise PreciseIndexUnused(f"{setting.label}: " + "; ".join(problems))
 
 
 def split_bench_args(argv: list[str], default: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -280,16 +443,21 @@ def run_setting(
     tag = f"{setting.label.replace(':', '-')}-{k}"
     logs = out / "logs"
     bundle = out / "runs" / tag
-    fleet, urls = start_fleet(args, logs, tag)
+    fleet, urls = start_fleet(args, logs, tag, kv_events=setting.precise)
     router: Proc | None = None
     try:
+        bundle.mkdir(parents=True, exist_ok=True)
+        config = None
+        if setting.precise:
+            config = bundle / "proxy.yaml"
+            text = proxy_config(setting, urls, kv_event_endpoints(fleet.log))
+            config.write_text(yaml.safe_dump(text, sort_keys=False))
         port = free_port()
-        cmd, ready = router_command(setting, port, urls)
+        cmd, ready = router_command(setting, port, urls, config)
         router = Proc(cmd, logs / f"{tag}-router.log")
         wait_until(lambda: answers(ready), router, 60, setting.label)
         cpu_at_ready = cpu_seconds(router.popen.pid)
         # The bench prints its own report; keep it in the bundle, not on the terminal.
-        bundle.mkdir(parents=True, exist_ok=True)
         with (bundle / "bench.out").open("w") as f, contextlib.redirect_stdout(f):
             code = bench_main(
                 [
@@ -311,6 +479,8 @@ def run_setting(
             )
         if code != 0:
             raise RuntimeError(f"bench exited {code} for {setting.label}")
+        if setting.precise:
+            check_precise(port, setting, len(urls), bundle)
         costs = {
             "router_cpu_s": _minus(cpu_seconds(router.popen.pid), cpu_at_ready),
             "sim_lag_fraction": [sim_lag(u) for u in urls],
@@ -467,7 +637,8 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--settings",
         default=",".join(DEFAULT_SETTINGS),
-        help="comma-separated ROUTER:POLICY; the first is the baseline",
+        help="comma-separated ROUTER:POLICY, fleet-proxy's optionally +precise then @wN "
+        "(fleet-proxy:unified+precise@w2); the first is the baseline",
     )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("peers-%Y%m%d-%H%M%S"))
