@@ -37,7 +37,7 @@ from proxy.kv_event_metrics import KvEventsCollector
 from proxy.metrics import BackendStateCollector, RouterMetrics
 from proxy.request_log import JsonRequestLog
 from proxy.settings import Settings
-from proxy.upstream import UpstreamPool, split_url
+from proxy.upstream import Upstream, UpstreamPool, split_url
 from rescheduler.decide import check_config
 from rescheduler.executor import BoundedExecutor, LocalMover
 from rescheduler.loop import ReschedulerLoop
@@ -96,7 +96,11 @@ def backend_authorization(settings: Settings) -> str | None:
 
 
 class ProxyCore:
-    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+    def __init__(
+        self, settings: Settings, clock: Clock | None = None, upstream: Upstream | None = None
+    ) -> None:
+        """`upstream`: the forwarding client start() uses, closed by stop() (None: an
+        `UpstreamPool` built from the settings)."""
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
         self.fleet = FleetRegistry(stale_after=settings.stale_after)
@@ -143,7 +147,8 @@ class ProxyCore:
             )
         self._log_task: asyncio.Task[None] | None = None
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
-        self.upstream: UpstreamPool | None = None  # the forwarding client, built in start()
+        self._given_upstream = upstream
+        self.upstream: Upstream | None = None  # the forwarding client, from start() on
         self.control_client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         # Set when a stop's grace period is over and the server closes the connections left:
@@ -163,12 +168,15 @@ class ProxyCore:
         # The backends' key goes on every call to them: forwarded requests, prefill and KV
         # legs and moves (the pool), scrapes, health checks, /v1/models, /tokenize (httpx).
         auth = backend_authorization(s)
-        self.upstream = UpstreamPool(
-            connect_timeout=s.connect_timeout,
-            read_timeout=s.read_timeout,
-            max_idle_per_origin=s.max_idle_connections_per_backend,
-            fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
-        )
+        upstream = self._given_upstream
+        if upstream is None:
+            upstream = UpstreamPool(
+                connect_timeout=s.connect_timeout,
+                read_timeout=s.read_timeout,
+                max_idle_per_origin=s.max_idle_connections_per_backend,
+                fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
+            )
+        self.upstream = upstream
         self.control_client = httpx.AsyncClient(
             timeout=s.scrape_timeout,
             limits=httpx.Limits(max_connections=256),
@@ -210,7 +218,7 @@ class ProxyCore:
         if self.upstream is not None:
             self.upstream.retain_origins({split_url(b.url)[0] for b in self.fleet})
 
-    def upstream_pool(self) -> UpstreamPool:
+    def upstream_pool(self) -> Upstream:
         """The forwarding client; exists from start() on."""
         pool = self.upstream
         if pool is None:

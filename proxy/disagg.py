@@ -22,7 +22,7 @@ import orjson
 from fleet.types import Backend
 from proxy.accounting import Dispatch
 from proxy.kv_transfer import remote_decode_params
-from proxy.upstream import UpstreamError, UpstreamPool
+from proxy.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("fleet_proxy.disagg")
 
@@ -65,7 +65,7 @@ class PrefillFailed(Exception):
 
 
 async def run_prefill_leg(
-    pool: UpstreamPool,
+    pool: Upstream,
     prefill: Backend,
     origin: str,
     path: str,
@@ -89,7 +89,7 @@ async def run_prefill_leg(
 
 
 async def run_one_token_leg(
-    pool: UpstreamPool,
+    pool: Upstream,
     backend: Backend,
     origin: str,
     path: str,

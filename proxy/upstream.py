@@ -32,7 +32,7 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Literal, cast
+from typing import Literal, Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -130,7 +130,7 @@ class UpstreamResponse:
         "status",
     )
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: _Connection | None) -> None:
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self._conn: _Connection | None = conn  # None once the body is complete or abandoned
@@ -140,6 +140,20 @@ class UpstreamResponse:
         self._complete = False
         self._error: UpstreamError | None = None
         self._released = False
+
+    @classmethod
+    def complete(
+        cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamResponse:
+        """A response whose body has all arrived, with no connection behind it (what a
+        stand-in `Upstream` answers)."""
+        resp = cls(None)
+        resp.status = status
+        resp.raw_headers = headers
+        resp._complete = True
+        if body:
+            resp._pieces.append(body)
+        return resp
 
     async def _wait(self) -> None:
         """Until the connection has news (head, a piece, the end or an error)."""
@@ -518,6 +532,24 @@ def _ends_at_close(headers: list[tuple[bytes, bytes]]) -> bool:
         if lname == b"transfer-encoding" and b"chunked" in value.lower():
             return False
     return True
+
+
+class Upstream(Protocol):
+    """What the proxy needs of its forwarding client: `UpstreamPool`, or a stand-in for it."""
+
+    async def request(
+        self,
+        origin: str,
+        path: str | bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        method: bytes = b"POST",
+        on_sent: Callable[[UpstreamResponse], None] | None = None,
+    ) -> UpstreamResponse: ...
+
+    def retain_origins(self, keep: set[str]) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class UpstreamPool:
