@@ -10,6 +10,9 @@ stream decides:
   restarted (a new engine process, whose cache is empty): start over;
 - the first batch seen: start; complete when it is number 0, or when a replay from 0 still
   has every batch before it.
+With a replay endpoint the subscriber also asks for everything from 0 as it subscribes
+(`joined`): an engine that is idle when the proxy starts is then known, and trusted, at once
+instead of after the warm-up, when its replay buffer still holds its whole history.
 The subscriber loop does the socket work: it calls `live`, and when that returns a sequence
 number, fetches the replay from there and hands it to `replayed`.
 """
@@ -24,6 +27,10 @@ from fleet.kv_events import EventBatch
 from fleet.precise_prefix import PrecisePrefixIndex
 
 Why = Literal["start", "restart", "gap"]
+
+# Batches at the end of the subscribe-time replay kept to recognise their live copies: those
+# published between the subscription and the replay's answer, a few engine steps at most.
+JOIN_TAIL = 64
 
 
 @dataclass(slots=True)
@@ -48,6 +55,7 @@ class KvEventStream:
         # (Only those: a lower number after a replay is a publisher that restarted.)
         self._replayed_above: int | None = None
         self._waiting: tuple[int, EventBatch, Why] | None = None  # held for a replay
+        self._joined_tail: dict[int, EventBatch] | None = None  # see `joined`
 
     @property
     def last_seq(self) -> int | None:
@@ -58,7 +66,12 @@ class KvEventStream:
         last = self._last
         if last is not None and seq == last + 1:
             self._replayed_above = None  # past what a replay delivered
+            self._joined_tail = None
             self._apply(seq, batch, now)
+            return None
+        tail = self._joined_tail
+        if tail is not None and last is not None and seq <= last and tail.get(seq) == batch:
+            self.counters.duplicates += 1
             return None
         if last is not None and seq > last:
             self.counters.gaps += 1
@@ -79,6 +92,29 @@ class KvEventStream:
             return since
         self._give_up(seq, batch, why, now)
         return None
+
+    def joined(
+        self, batches: Sequence[tuple[int, EventBatch]], reached_end: bool, now: float
+    ) -> None:
+        """The replay from 0 asked on subscribing, before any live batch was taken: the
+        publisher's whole history when the answer is consecutive from 0 and reached the end
+        marker (none at all: nothing published yet). Anything else (a buffer that no longer
+        starts at 0, a replay that failed) decides nothing: live batches start as usual."""
+        if self._last is not None or self._waiting is not None or not reached_end:
+            return
+        if any(s != i for i, (s, _) in enumerate(batches)):
+            return
+        self._start("start", now, complete=True)
+        if not batches:
+            return
+        self.counters.replays += 1
+        for s, b in batches:
+            self._apply(s, b, now)
+        # Live copies of the replay's last batches may follow (published after subscribing,
+        # before the answer): the same batch again is one of those, another batch under an
+        # old number is a restarted publisher's. Only the tail can be copied, so only it is
+        # kept, until the first live batch past the replay.
+        self._joined_tail = dict(batches[-JOIN_TAIL:])
 
     def replayed(self, batches: Sequence[tuple[int, EventBatch]], now: float) -> None:
         """The replay's batches in the order received (none when it failed)."""
@@ -115,6 +151,7 @@ class KvEventStream:
         self.index.reset(self.backend_id, now, complete=complete)
         self._last = None
         self._replayed_above = None
+        self._joined_tail = None
 
     def _apply(self, seq: int, batch: EventBatch, now: float) -> None:
         self.index.apply(self.backend_id, batch.events, now)

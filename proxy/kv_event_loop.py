@@ -66,6 +66,10 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         sub.connect(self.feed.endpoint)
         try:
+            if self.feed.replay_endpoint:
+                # Subscribed first, so what is published after the replay's answer comes live.
+                batches, reached_end = await self._fetch(0)
+                self.stream.joined(batches, reached_end, self._clock.now())
             while True:
                 frames = await sub.recv_multipart()
                 message = self._message(frames)
@@ -91,11 +95,15 @@ class KvEventSubscriber:
             return None
 
     async def replay(self, since: int) -> list[tuple[int, EventBatch]]:
-        batches, undecodable = await fetch_replay(
+        batches, _ = await self._fetch(since)
+        return batches
+
+    async def _fetch(self, since: int) -> tuple[list[tuple[int, EventBatch]], bool]:
+        batches, undecodable, reached_end = await fetch_replay(
             self._context, self.feed.replay_endpoint, since, self._replay_timeout, self._codec
         )
         self.stream.counters.undecodable += undecodable
-        return batches
+        return batches, reached_end
 
 
 async def fetch_replay(
@@ -104,16 +112,18 @@ async def fetch_replay(
     since: int,
     timeout_s: float,
     codec: BatchCodec,
-) -> tuple[list[tuple[int, EventBatch]], int]:
-    """The batches from `since` on that an engine's replay socket still has, in order, and
-    how many did not decode. Stops early when the first one is not `since` (the hole cannot
-    be filled), at a batch that does not decode, at the end marker or at the timeout; never
-    raises for the engine's faults: a short answer tells the caller to start over."""
+) -> tuple[list[tuple[int, EventBatch]], int, bool]:
+    """The batches from `since` on that an engine's replay socket still has, in order, how
+    many did not decode, and whether the answer reached the end marker. Stops early when the
+    first one is not `since` (the hole cannot be filled), at a batch that does not decode, at
+    the end marker or at the timeout; never raises for the engine's faults: a short answer
+    tells the caller to start over."""
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(endpoint)
     got: list[tuple[int, EventBatch]] = []
     undecodable = 0
+    reached_end = False
     try:
         async with asyncio.timeout(timeout_s):
             await dealer.send_multipart([b"", seq_bytes(since)])
@@ -123,7 +133,10 @@ async def fetch_replay(
                 if len(frames) != 4:
                     break
                 seq = seq_of(frames[2])
-                if seq < 0 or (not got and seq != since):
+                if seq < 0:
+                    reached_end = True
+                    break
+                if not got and seq != since:
                     break
                 try:
                     got.append((seq, codec.decode(frames[3])))
@@ -134,7 +147,7 @@ async def fetch_replay(
         log.info("replay from %d at %s ended early: %r", since, endpoint, e)
     finally:
         dealer.close(linger=0)
-    return got, undecodable
+    return got, undecodable, reached_end
 
 
 class KvEventSubscribers:

@@ -72,10 +72,10 @@ async def test_a_requests_cached_blocks_arrive_on_a_sub_socket(kv_fleet: SimFlee
         # The replay socket has every batch from 0 up to this one, then the end marker.
         context = zmq.asyncio.Context()
         try:
-            batches, bad = await fetch_replay(context, replay, 0, 5.0, BatchCodec())
+            batches, bad, reached_end = await fetch_replay(context, replay, 0, 5.0, BatchCodec())
         finally:
             context.destroy(linger=0)
-        assert bad == 0
+        assert bad == 0 and reached_end
         assert [s for s, _ in batches] == list(range(seq + 1))
         assert batches[seq][1] == batch
 

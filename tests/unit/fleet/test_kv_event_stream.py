@@ -101,3 +101,42 @@ def test_a_restart_right_after_a_replay_is_no_duplicate() -> None:
     assert s.live(0, batch(20), 1.0) is None
     assert s.counters.duplicates == 1 and s.counters.resyncs == {"restart": 1}
     assert held(index, 3, 20) == [0, 1]
+
+
+def test_joining_with_the_whole_history_is_complete_before_any_live_batch() -> None:
+    s, index = stream(can_replay=True)
+    assert not index.precise("e", 0.0)
+    s.joined([(0, batch(0)), (1, batch(1))], True, 0.0)
+    assert held(index, 0, 1) == [1, 1]
+    assert index.precise("e", 0.0) and s.last_seq == 1 and s.counters.replays == 1
+    # Published while the replay was answered: they came by the replay first.
+    assert s.live(0, batch(0), 0.0) is None and s.live(1, batch(1), 0.0) is None
+    assert s.counters.duplicates == 2 and s.counters.resyncs == {}
+    assert s.live(2, batch(2), 0.0) is None and held(index, 2) == [1]
+
+
+def test_after_a_join_another_batch_under_an_old_number_is_a_restart() -> None:
+    s, index = stream(can_replay=True)
+    s.joined([(0, batch(0)), (1, batch(1))], True, 0.0)
+    assert s.live(0, batch(7), 1.0) is None  # a new publisher's first batch
+    assert s.counters.resyncs == {"restart": 1} and s.counters.duplicates == 0
+    assert held(index, 0, 1, 7) == [0, 0, 1] and index.precise("e", 1.0)
+
+
+def test_joining_an_engine_that_published_nothing_is_complete_and_empty() -> None:
+    s, index = stream(can_replay=True)
+    s.joined([], True, 0.0)
+    assert index.precise("e", 0.0) and index.blocks("e") == 0
+    assert s.live(0, batch(0), 1.0) is None and held(index, 0) == [1]
+
+
+def test_a_join_that_cannot_show_the_whole_history_decides_nothing() -> None:
+    for answer, reached_end in (
+        ([(4, batch(4)), (5, batch(5))], True),  # the buffer no longer starts at 0
+        ([(0, batch(0))], False),  # the replay timed out before its end
+    ):
+        s, index = stream(can_replay=True)
+        s.joined(answer, reached_end, 0.0)
+        assert not index.precise("e", 0.0) and index.blocks("e") == 0
+        assert s.last_seq is None and s.counters.replays == 0
+        assert s.live(6, batch(6), 0.0) == 0  # the first live batch asks for a replay as before
