@@ -24,14 +24,6 @@ SIM_MODEL = "sim-llama-8b"
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[FakeBackend]:
-    b = FakeBackend()
-    await b.start()
-    yield b
-    await b.stop()
-
-
-@pytest.fixture
 async def keyed_backend() -> AsyncIterator[FakeBackend]:
     """A backend started as `vllm serve --api-key backend-key`."""
     b = FakeBackend(api_key="backend-key")

@@ -9,7 +9,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,18 +18,10 @@ import httpx
 import pytest
 
 from proxy.app import FleetProxyApp
-from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.fake_backend import Behaviour
 from tests.support.servers import fast_settings, running_proxy
 
 COMPLETION = b'{"model": "fake-model", "prompt": "hi", "max_tokens": 4}'
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[FakeBackend]:
-    b = FakeBackend()
-    await b.start()
-    yield b
-    await b.stop()
 
 
 @dataclass

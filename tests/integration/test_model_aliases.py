@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import orjson
 import pytest
 
 from proxy.settings import ConfigError, load_settings
-from tests.support.fake_backend import FakeBackend
 from tests.support.servers import fast_settings, running_proxy
 
 ALIASES = {"gpt-4o-mini": "fake-model", "elsewhere": "not-served"}
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[FakeBackend]:
-    b = FakeBackend()
-    await b.start()
-    yield b
-    await b.stop()
 
 
 async def test_an_alias_reaches_the_backend_as_the_served_name(backend):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -13,14 +12,6 @@ import pytest
 from tests.support.fake_backend import Behaviour, FakeBackend
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[FakeBackend]:
-    b = FakeBackend()
-    await b.start()
-    yield b
-    await b.stop()
 
 
 @pytest.mark.parametrize(

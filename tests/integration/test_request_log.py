@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
-import pytest
 
 from proxy.forward import Forwarder
-from tests.support.fake_backend import FakeBackend
 from tests.support.servers import fast_settings, running_proxy
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[FakeBackend]:
-    b = FakeBackend()
-    await b.start()
-    yield b
-    await b.stop()
 
 
 def read(path: Path) -> list[dict[str, Any]]:

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
-import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import RouterMetrics
-from tests.support.fake_backend import FakeBackend
 from tests.support.servers import fast_settings, running_proxy
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[FakeBackend]:
-    b = FakeBackend()
-    await b.start()
-    yield b
-    await b.stop()
 
 
 async def test_request_series_carry_the_served_model_and_made_up_names_count_as_unknown(
