@@ -106,6 +106,12 @@ class EjectionGuard:
             action = self.detector.stalled(backend_id, now, len(self.fleet))
             if action is not None:
                 self._apply(backend, action, now)
+                continue
+            state = self.detector.state(backend_id)
+            if state is not None and state.reason == "stalled":
+                # Out already, yet a request waits there: one that was still connecting when
+                # the ejection freed the others. It leaves now, not after read_timeout.
+                self._free(backend, "its backend stalled")
 
     def _activity(self) -> list[BackendActivity]:
         waits: dict[str, float] = {}
@@ -150,8 +156,11 @@ class EjectionGuard:
         if action.reason == "stalled":
             # Its requests would wait out read_timeout: they leave it now (sent again where
             # nothing reached the client, continued elsewhere where something did).
-            for entry in self.live.on_backend(backend.id):
-                entry.backend_down("its backend stalled")
+            self._free(backend, "its backend stalled")
+
+    def _free(self, backend: Backend, why: str) -> None:
+        for entry in self.live.on_backend(backend.id):
+            entry.backend_down(why)
 
     def _forget(self, backend_id: str) -> None:
         self.detector.forget(backend_id)

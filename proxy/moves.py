@@ -70,6 +70,7 @@ class SessionMoves:
     __slots__ = (
         "_cut_at",
         "_opening",
+        "_opening_down",
         "_opening_resp",
         "_order",
         "_splicer",
@@ -97,6 +98,7 @@ class SessionMoves:
     _staging: bool  # a pre-copy is staging the KV on its target; the stream still flows
     _opening: Backend | None  # the backend a leg is being opened on, before its head came
     _opening_resp: UpstreamResponse | None
+    _opening_down: str | None  # that backend was found down before the request was written
     _cut_at: float | None
     _clock: Clock
     _splicer: Splicer | None
@@ -417,7 +419,7 @@ class SessionMoves:
                     return None, detail
                 continue
             finally:
-                self._opening = self._opening_resp = None
+                self._opening = self._opening_resp = self._opening_down = None
             if resp.status != 200:
                 text = (await resp.read())[:300].decode("utf-8", "replace")
                 resp.release()

@@ -113,6 +113,7 @@ class RequestSession(SessionMoves):
         # The backend a leg is being opened on, before its answer's head arrived.
         self._opening: Backend | None = None
         self._opening_resp: UpstreamResponse | None = None
+        self._opening_down: str | None = None
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
         self.legs: list[Leg] = []  # every leg that answered, in order
@@ -225,6 +226,9 @@ class RequestSession(SessionMoves):
         if self._opening is not None:
             if self._opening_resp is not None:
                 self._opening_resp.interrupt(why)  # still waiting for the answer's head
+            else:
+                # Still connecting: the request must not go on to wait there once written.
+                self._opening_down = why
             return
         leg = self.leg
         if leg is not None and not leg.closed and self._order is None:
@@ -259,6 +263,8 @@ class RequestSession(SessionMoves):
 
     def _sent(self, resp: UpstreamResponse) -> None:
         self._opening_resp = resp
+        if self._opening_down is not None:
+            resp.interrupt(self._opening_down)
 
     # --- the request's life
 
@@ -336,7 +342,7 @@ class RequestSession(SessionMoves):
             try:
                 resp = await opener.request(backend, self.path, headers, body, self._sent)
             finally:
-                self._opening = self._opening_resp = None
+                self._opening = self._opening_resp = self._opening_down = None
         except BaseException:
             self.dispatch.release()
             raise

@@ -66,9 +66,11 @@ class FakeUpstream:
         self.closed = True
 
 
-def make_core(*outcomes: Outcome) -> tuple[ProxyCore, FakeUpstream]:
+def make_core(
+    *outcomes: Outcome, upstream: type[FakeUpstream] = FakeUpstream
+) -> tuple[ProxyCore, FakeUpstream]:
     box: list[ProxyCore] = []
-    fake = FakeUpstream(box, *outcomes)
+    fake = upstream(box, *outcomes)
     clock = FakeClock()
     settings = load_settings(
         {
@@ -219,3 +221,45 @@ async def test_why_a_session_cannot_move() -> None:
     assert (view["movable"], view["not_movable_reason"], view["attempts"]) == (True, None, 0)
     assert view["upstream_request_id"] == "up-1"
     assert view["backend"] == ""
+
+
+class DownWhileConnecting(FakeUpstream):
+    """The first call's backend is found down while its connection is still being made
+    (before the request is written); that attempt then waits for a head that never comes
+    unless the session interrupts it. Later calls answer as scripted."""
+
+    async def request(
+        self,
+        origin: str,
+        path: str | bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        method: bytes = b"POST",
+        on_sent: Callable[[UpstreamResponse], None] | None = None,
+    ) -> UpstreamResponse:
+        if self.asked:
+            return await super().request(origin, path, headers, body, method, on_sent)
+        core = self._core[0]
+        self.asked.append(origin)
+        backend = next(b for b in core.fleet if b.url == origin)
+        for entry in core.live.on_backend(backend.id):
+            entry.backend_down("found down while connecting")
+        resp = UpstreamResponse(None)  # written, no head yet
+        assert on_sent is not None
+        on_sent(resp)
+        await resp.read()  # raises the interrupt; without one this would wait for ever
+        raise AssertionError("unreachable: the head never comes")
+
+
+async def test_a_backend_found_down_while_its_connection_is_made_is_left_once_written() -> None:
+    core, fake = make_core((200, b'{"from":"second"}'), upstream=DownWhileConnecting)
+    await core.start()
+    try:
+        sent: list[dict[str, Any]] = []
+        status = await session(core, sent).run()
+    finally:
+        await core.stop()
+    assert status == 200
+    assert len(fake.asked) == 2 and fake.asked[0] != fake.asked[1]
+    assert sent[1]["body"] == b'{"from":"second"}'
+    assert_clean(core)
