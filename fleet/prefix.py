@@ -3,10 +3,10 @@
 vLLM caches KV per full block and names a block by a chained hash of everything before it, so
 a prefix that matches block i on a server matches blocks 0..i-1 too. Routers cannot see those
 hashes cheaply, so (like llm-d's approximate prefix scorer) we hash the prompt *text* in blocks
-of `chars_per_block` characters with a chained xxhash64 seeded by the model name (a block's
-hash covers the whole prefix up to it), and remember which backend each block was last routed
-to. xxhash rather than hashlib: it is the hash llm-d
-uses for exactly this and is several times faster than blake2b on short inputs; the index is
+of `chars_per_block` characters, each block's xxh3-64 seeded with the previous block's hash and
+the first with the model name's (a block's hash covers the whole prefix up to it), and
+remember which backend each block was last routed to. xxhash rather than hashlib: llm-d uses
+it for exactly this and it is several times faster than blake2b on short inputs; the index is
 approximate anyway, so a 64-bit non-cryptographic hash is enough.
 
 Each backend keeps an LRU of its blocks, bounded like its real KV cache: by default
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import xxhash
 from cachetools import LRUCache
@@ -28,21 +29,19 @@ DEFAULT_CHARS_PER_BLOCK = 64  # llm-d: 16-token blocks x 4 characters per token
 DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
 
 
+@lru_cache(maxsize=1024)  # a handful of model names, hashed once each rather than per request
 def _model_seed(model: str) -> int:
     return xxhash.xxh64_intdigest(model.encode())
 
 
-def _extend(
-    state: xxhash.xxh64, data: bytes, start: int, chars_per_block: int, hashes: list[int]
-) -> int:
-    """Hash the full blocks of data[start:] into `state`, appending each running digest;
-    returns the end of the last full block."""
-    view = memoryview(data)
+def _extend(data: bytes, start: int, chars_per_block: int, parent: int, hashes: list[int]) -> int:
+    """Append the chained hashes of the full blocks of data[start:], the first one's parent
+    hash being `parent`; returns the end of the last full block."""
     end = start + (len(data) - start) // chars_per_block * chars_per_block
-    update, digest, append = state.update, state.intdigest, hashes.append  # the hot loop
+    h, append, block_hash = parent, hashes.append, xxhash.xxh3_64_intdigest  # the hot loop
     for i in range(start, end, chars_per_block):
-        update(view[i : i + chars_per_block])
-        append(digest())
+        h = block_hash(data[i : i + chars_per_block], h)
+        append(h)
     return end
 
 
@@ -50,22 +49,22 @@ def block_hashes(text: str, model: str, chars_per_block: int) -> list[int]:
     """Chained hashes of the full `chars_per_block` blocks of `text`; a partial tail is not
     cached by vLLM either, so it is not hashed.
 
-    Block i's hash is the xxhash64 (seeded by the model name) of everything up to the end of
-    block i, taken from one running hash state: chained like vLLM's (a block's hash depends on
-    every block before it) while reading each byte once."""
+    Block i's hash is the xxh3-64 of its bytes seeded with block i-1's hash (block 0's with a
+    hash of the model name): chained like vLLM's, so a block's hash stands for every block
+    before it, with each byte read once and one C call per block."""
     hashes: list[int] = []
     data = text.encode("utf-8", "surrogatepass")
-    _extend(xxhash.xxh64(seed=_model_seed(model)), data, 0, chars_per_block, hashes)
+    if len(data) >= chars_per_block:
+        _extend(data, 0, chars_per_block, _model_seed(model), hashes)
     return hashes
 
 
 class _Resumable:
-    __slots__ = ("digest", "hashes", "length", "state")
+    __slots__ = ("digest", "hashes", "length")
 
-    def __init__(self, length: int, digest: bytes, state: xxhash.xxh64, hashes: list[int]):
+    def __init__(self, length: int, digest: bytes, hashes: list[int]):
         self.length = length
         self.digest = digest
-        self.state = state
         self.hashes = hashes
 
 
@@ -93,14 +92,15 @@ class PromptHasher:
             and xxhash.xxh3_128_digest(memoryview(data)[: prev.length]) == prev.digest
         ):
             self.resumed += 1
-            state, hashes, start = prev.state.copy(), list(prev.hashes), prev.length
+            hashes, start = list(prev.hashes), prev.length
         else:
             prev = None
-            state, hashes, start = xxhash.xxh64(seed=_model_seed(model)), [], 0
-        end = _extend(state, data, start, self.chars_per_block, hashes)
+            hashes, start = [], 0
+        parent = hashes[-1] if hashes else _model_seed(model)
+        end = _extend(data, start, self.chars_per_block, parent, hashes)
         if prev is None or end != start:
             digest = xxhash.xxh3_128_digest(memoryview(data)[:end])
-            self._sessions[key] = _Resumable(end, digest, state.copy(), hashes)
+            self._sessions[key] = _Resumable(end, digest, hashes)
         return hashes
 
 
@@ -112,7 +112,7 @@ def capacity_from_cache_config(
     return max(1, int(tokens * chars_per_token // chars_per_block))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per request, and a frozen init costs 3x
 class PrefixMatch:
     """Leading blocks of one prompt found per backend (backends with no match are absent)."""
 

@@ -134,7 +134,8 @@ class SchedulingRequest:
     def prefix(self) -> PrefixMatch:
         if self._match is None:
             index = self.services.prefix_index
-            self._match = _NO_MATCH if index is None else index.match(self.hashes())
+            hashes = self.hashes()
+            self._match = _NO_MATCH if index is None or not hashes else index.match(hashes)
         return self._match
 
     def text_bytes(self) -> int:
@@ -186,7 +187,7 @@ class SchedulingRequest:
                     bid: max(0, round(tokens * (n - min(blocks * cpb, n)) / n))
                     for bid, blocks in match.matched.items()
                 }
-                if n
+                if n and match.matched
                 else {}
             )
             if self.services.precise_index is not None and self.ctx.prompt_token_ids is not None:

@@ -100,7 +100,9 @@ class Scheduler:
         if index is None:
             return
         hashes = req.hashes()
-        if self._metrics and hashes:
+        if not hashes:
+            return  # a prompt shorter than one block leaves nothing to remember
+        if self._metrics:
             ratio = req.prefix().ratio(decision.target.id)
             self._metrics.hit_ratio.observe(ratio)
             self._metrics.hit_bytes.observe(req.cached_chars(decision.target.id))
