@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fleet.lean_histogram import LeanChild, LeanHistogram
 from fleet.prefix import PrefixIndex
 from fleet.types import Backend
 from policies.loads import kv_usage, queue_size, running_size
@@ -105,33 +106,33 @@ class SchedulerMetrics:
             ["status", "target_model_name", "pod_name", "namespace", "port"],
             registry=registry,
         )
-        self.e2e = Histogram(
+        self.e2e = LeanHistogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "End-to-end scheduling latency",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.plugin = Histogram(
+        self.plugin = LeanHistogram(
             "inference_extension_plugin_duration_seconds",
             "Processing latency for each plugin",
             ["extension_point", "plugin_type", "plugin_name"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.hit_ratio = Histogram(
+        self.hit_ratio = LeanHistogram(
             "inference_extension_prefix_indexer_hit_ratio",
             "Hit ratio for prefix matches (of the chosen endpoint)",
             buckets=_RATIO_BUCKETS,
             registry=registry,
         )
-        self.hit_bytes = Histogram(
+        self.hit_bytes = LeanHistogram(
             "inference_extension_prefix_indexer_hit_bytes",
             "Bytes matched in prefix cache lookup (of the chosen endpoint)",
             buckets=_BYTES_BUCKETS,
             registry=registry,
         )
         registry.register(_PoolCollector(pools, index))
-        self._plugin_children: dict[tuple[str, str, str], Histogram] = {}
+        self._plugin_children: dict[tuple[str, str, str], LeanChild] = {}
         self._attempt_children: dict[tuple[str, str, str], Counter] = {}
 
     def observe_plugin(self, point: str, plugin_type: str, name: str, seconds: float) -> None:

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fleet.clock import Clock
+from fleet.lean_histogram import LeanHistogram
 from fleet.registry import FleetRegistry
 from proxy.upstream import FailureKind
 
@@ -68,14 +69,14 @@ class RouterMetrics:
             ["outcome"],
             registry=registry,
         )
-        self.ttft = Histogram(
+        self.ttft = LeanHistogram(
             "fleet_proxy_time_to_first_byte_seconds",
             "From request arrival to the first body byte relayed",
             ["endpoint", "model"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = LeanHistogram(
             "fleet_proxy_request_duration_seconds",
             "From request arrival to the last byte relayed",
             ["endpoint", "model"],
