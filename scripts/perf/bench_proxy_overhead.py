@@ -45,9 +45,18 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 LUA = """
 wrk.method = "POST"
-wrk.body = '{"model":"fake-model","prompt":"Say something about routers.","max_tokens":16%s}'
+wrk.body = '{"model":"fake-model","prompt":"%s","max_tokens":16%s}'
 wrk.headers["Content-Type"] = "application/json"
 """
+SENTENCE = "Say something about routers."
+
+
+def prompt_of(chars: int | None) -> str:
+    """The prompt every request sends: the sentence, or it repeated to `chars` characters
+    (a prefix-aware policy hashes one block per 64 of them)."""
+    if chars is None:
+        return SENTENCE
+    return (f"{SENTENCE} " * (chars // len(SENTENCE) + 1))[:chars]
 
 
 def free_port() -> int:
@@ -158,10 +167,11 @@ def wrk(
     headers: dict[str, str] | None = None,
     threads: int = 1,
     cpus: str | None = None,
+    prompt: str = SENTENCE,
 ) -> dict[str, float]:
     script = lua_dir / ("stream.lua" if stream else "plain.lua")
     if not script.exists():
-        lua = LUA % (',"stream":true' if stream else "")
+        lua = LUA % (prompt, ',"stream":true' if stream else "")
         for name, value in (headers or {}).items():
             lua += f'wrk.headers["{name}"] = "{value}"\n'
         script.write_text(lua)
@@ -220,6 +230,12 @@ def main() -> int:
     )
     p.add_argument("--wrk-threads", type=int, default=1, help="wrk's -t (client threads)")
     p.add_argument(
+        "--prompt-chars",
+        type=int,
+        help="send a prompt of this many characters (default: one 28-character sentence, "
+        "shorter than one prefix block)",
+    )
+    p.add_argument(
         "--proxy-cpus",
         help="run the router under test (fleet-proxy, and vllm-router) on these CPUs (taskset)",
     )
@@ -271,6 +287,7 @@ def main() -> int:
     if args.max_concurrent_requests:
         os.environ["FLEET_PROXY_MAX_CONCURRENT_REQUESTS"] = str(args.max_concurrent_requests)
     lua_dir = Path(tempfile.mkdtemp())
+    prompt = prompt_of(args.prompt_chars)
     py = sys.executable
     ports = [free_port(), free_port()]
     backends = [f"http://127.0.0.1:{p}" for p in ports]
@@ -281,6 +298,7 @@ def main() -> int:
         "policy": args.policy,
         "config": str(args.config) if args.config else None,
         "wrk_threads": args.wrk_threads,
+        "prompt_chars": len(prompt_of(args.prompt_chars)),
         "proxy_cpus": args.proxy_cpus,
         "client_cpus": args.client_cpus,
         "worker_listen": args.worker_listen,
@@ -374,6 +392,7 @@ def main() -> int:
                         headers,
                         args.wrk_threads,
                         args.client_cpus,
+                        prompt,
                     )
                     cpu = (cpu_seconds(pid) - before) if pid else 0.0
                     row: dict[str, object] = {
@@ -402,6 +421,7 @@ def main() -> int:
                 headers,
                 1,
                 args.client_cpus,
+                prompt,
             )
             row = {"target": name, "stream": False, "concurrency": 1, **r, "cpu_us_per_req": None}
             runs.append(row)
