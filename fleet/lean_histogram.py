@@ -8,18 +8,20 @@ count whole (the GIL); it may see one observation in the buckets and not yet in 
 which a rate over a scrape interval cannot tell from timing.
 
 It registers as a custom collector and exposes exactly what a prometheus_client Histogram with
-the same name, labels and buckets would (`_bucket`, `_count`, `_sum`; the optional `_created`
-series is left out).
+the same name, labels and buckets would (`_bucket`, `_count`, `_sum` and `_created`).
+The simulator's inter-token latency histogram, observed once per streamed token, is one too.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 # How prometheus_client writes a bucket's `le` (untyped there).
@@ -29,12 +31,13 @@ _le: Callable[[float], str] = floatToGoString
 class LeanChild:
     """One label set's buckets."""
 
-    __slots__ = ("_bounds", "counts", "sum")
+    __slots__ = ("_bounds", "counts", "created", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
         self.sum = 0.0
+        self.created = time.time()
 
     def observe(self, value: float) -> None:
         # bisect_left: the first bound >= value, as a bucket's `le` bound is inclusive.
@@ -93,4 +96,6 @@ class LeanHistogram(Collector):
                 cumulative += n
                 buckets.append((le, cumulative))
             family.add_metric(list(key), buckets, total)
+            labels = dict(zip(self.labelnames, key, strict=True))
+            family.samples.append(Sample(f"{self.name}_created", labels, child.created))
         yield family

@@ -17,8 +17,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from fleet.lean_histogram import LeanHistogram
 from simulator.core import CoreListener, EngineCore, Step
-from simulator.fast_histogram import FastHistogram
 from simulator.lora import LoraConfig, LoraInfoGauge
 from simulator.profiles import Profile
 from simulator.request import SimRequest, Status
@@ -264,14 +264,13 @@ class SimMetrics(CoreListener):
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
         ).labels(*lv)
-        self.itl = FastHistogram(
+        self.itl = LeanHistogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             names,
-            lv,
-            ITL_BUCKETS,
-            r,
-        )  # observed once per token
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(*lv)  # observed once per token: no lock per observation
         self.tpot = hist(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",

@@ -1,7 +1,10 @@
 """LeanHistogram exposes what prometheus_client's Histogram does for the same observations:
-the same `_bucket`, `_count` and `_sum` samples, text-format lines and all."""
+the same `_bucket`, `_count`, `_sum` and `_created` samples, text-format lines and all (the
+creation times aside)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -20,14 +23,14 @@ def samples(registry: CollectorRegistry) -> set[tuple[str, tuple[tuple[str, str]
         (s.name, tuple(sorted(s.labels.items())), s.value)
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if not s.name.endswith("_created")
+        if not s.name.endswith("_created")  # a creation time: compared by the lines below
     }
 
 
 def exposition_lines(registry: CollectorRegistry) -> list[str]:
-    return [
-        line for line in generate_latest(registry).decode().splitlines() if "_created" not in line
-    ]
+    """The text format, each `_created` value (a creation time) blanked."""
+    text = generate_latest(registry).decode()
+    return re.sub(r"^(\S+_created(\{[^}]*\})?) \S+$", r"\1", text, flags=re.M).splitlines()
 
 
 def test_labelled_series_match_prometheus_client() -> None:
@@ -39,7 +42,10 @@ def test_labelled_series_match_prometheus_client() -> None:
         ref.labels(label).observe(v)
         lean.labels(label).observe(v)
     assert samples(ours) == samples(theirs)
-    assert exposition_lines(ours) == exposition_lines(theirs)
+    lines = exposition_lines(ours)
+    assert lines == exposition_lines(theirs)
+    assert 'h_seconds_bucket{endpoint="a",le="1e-05"} 1.0' in lines  # bounds are inclusive
+    assert 'h_seconds_created{endpoint="b"}' in lines
 
 
 def test_an_unlabelled_histogram_shows_zeros_before_any_observation() -> None:
