@@ -29,6 +29,7 @@ class FleetRegistry:
         self._backends: dict[str, Backend] = {}
         self.stale_after = stale_after
         self._removed_listeners: list[Callable[[str], None]] = []
+        self._adapter_names: frozenset[str] = frozenset()  # over every backend
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(list(self._backends.values()))
@@ -49,6 +50,8 @@ class FleetRegistry:
     def remove(self, backend_id: str) -> Backend | None:
         backend = self._backends.pop(backend_id, None)
         if backend is not None:
+            if backend.adapters:
+                self._adapters_changed()
             for listener in self._removed_listeners:
                 listener(backend_id)
         return backend
@@ -70,9 +73,26 @@ class FleetRegistry:
             backend.draining = draining
         return backend
 
-    def set_models(self, backend: Backend, models: tuple[str, ...]) -> None:
+    def set_models(
+        self, backend: Backend, models: tuple[str, ...], adapters: frozenset[str] = frozenset()
+    ) -> None:
+        """What the backend's /v1/models lists; `adapters`: those of them that are LoRA
+        adapters."""
         if backend.spec.models != models:
             backend.spec = replace(backend.spec, models=models)
+        if backend.adapters != adapters:
+            backend.adapters = adapters
+            self._adapters_changed()
+
+    def is_adapter(self, model: str) -> bool:
+        """Whether some backend serves `model` as a LoRA adapter."""
+        return model in self._adapter_names
+
+    def _adapters_changed(self) -> None:
+        names: set[str] = set()
+        for b in self._backends.values():
+            names |= b.adapters
+        self._adapter_names = frozenset(names)
 
     def candidates(self, model: str, now: float) -> list[Backend]:
         """Backends that may take a new request for `model` right now.

@@ -127,13 +127,15 @@ class Scraper:
             r = await self.client.get(backend.url + "/v1/models", timeout=self.timeout)
             r.raise_for_status()
             data = orjson.loads(r.content)
-            models = tuple(str(m["id"]) for m in data.get("data", []) if "id" in m)
-            lengths = [m.get("max_model_len") for m in data.get("data", [])]
+            cards = data.get("data", [])
+            models = tuple(str(m["id"]) for m in cards if "id" in m)
+            adapters = frozenset(str(m["id"]) for m in cards if "id" in m and m.get("parent"))
+            lengths = [m.get("max_model_len") for m in cards]
         except (httpx.HTTPError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             backend.last_error = f"/v1/models failed: {type(e).__name__}: {e}"
             return
         if models:
-            self.registry.set_models(backend, models)
+            self.registry.set_models(backend, models, adapters)
         known = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
         backend.max_model_len = min(known) if known else None
 

@@ -138,6 +138,9 @@ class Backend:
     last_error: str = ""
     # The longest context the backend takes (prompt + output), from its /v1/models.
     max_model_len: int | None = None
+    # Its models that are LoRA adapters (a `parent` in /v1/models): their KV-cache blocks are
+    # hashed with the adapter, so the engines' events are matched for base-model prompts only.
+    adapters: frozenset[str] = frozenset()
     # Out of routing until this clock time: its requests kept failing (fleet/outliers.py).
     ejected_until: float = 0.0
     # The last scrape whose step or token counters had moved: the engine was working.

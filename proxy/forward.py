@@ -155,7 +155,10 @@ class Forwarder:
                 body = self._dealias(ctx, body, self._aliases)
             model = ctx.model
             prompt_tokens = self.core.prompt_tokens  # None unless routing uses KV events
-            if prompt_tokens is not None and generates:
+            # A LoRA adapter's blocks are hashed with the adapter: the engines' events cannot
+            # tell where its prompt is cached, so without token ids it goes by the approximate
+            # index (which keys prompts by model name).
+            if prompt_tokens is not None and generates and not self.core.fleet.is_adapter(model):
                 ids = await prompt_tokens.token_ids(endpoint, model, ctx.body)
                 if ids is not None:
                     ctx.prompt_token_ids = ids

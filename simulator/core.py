@@ -349,6 +349,8 @@ class EngineCore:
                 req.block_hashes[first - 1] if first else None,
                 req.all_token_ids()[first * size : full * size],
                 size,
+                req.lora,
+                req.lora_id,
             )
         req.num_cached_blocks = full
 

@@ -155,12 +155,25 @@ class BlockPool:
         parent: BlockHash | None,
         token_ids: Sequence[int],
         block_size: int,
+        lora: str | None = None,
+        lora_id: int | None = None,
     ) -> None:
         """A run of a request's blocks became full and cached: one event for the run, with
-        the hash of the block before it (None at the prompt's start) and the run's tokens."""
+        the hash of the block before it (None at the prompt's start) and the run's tokens.
+        A LoRA adapter's blocks carry it as vLLM's do: its id and name, and its name as each
+        block's extra key (what else went into the block's hash)."""
         if self.records_events and hashes:
             self._events.append(
-                BlockStored(list(hashes), parent, list(token_ids), block_size, medium=MEDIUM_GPU)
+                BlockStored(
+                    list(hashes),
+                    parent,
+                    list(token_ids),
+                    block_size,
+                    lora_id=lora_id,
+                    medium=MEDIUM_GPU,
+                    lora_name=lora,
+                    extra_keys=None if lora is None else [[lora] for _ in hashes],
+                )
             )
 
     def take_events(self) -> list[KvEvent]:

@@ -27,6 +27,11 @@ class LoraConfig:
     def enabled(self) -> bool:
         return bool(self.adapters)
 
+    def adapter_id(self, name: str) -> int:
+        """The adapter's integer id as vLLM numbers adapters loaded at start-up: 1, 2, ... in
+        the order given (what its KV events carry as `lora_id`)."""
+        return list(self.adapters).index(name) + 1
+
 
 def parse_lora_modules(specs: Iterable[str], max_loras: int = 1) -> LoraConfig:
     """`NAME=PATH` entries (vLLM's plain form of --lora-modules) -> LoraConfig."""

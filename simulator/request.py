@@ -106,6 +106,7 @@ class SimRequest:
     # P/D: where the prompt's KV was pulled from (decode side), and what the prefill answered.
     kv_transfer_params: dict[str, Any] | None = None
     lora: str | None = None  # the LoRA adapter the request names, if any
+    lora_id: int | None = None  # and its integer id
     stream: OutputStream = field(default_factory=OutputStream)
 
     def __post_init__(self) -> None:

@@ -403,6 +403,8 @@ class EngineServer:
         rid = response_id(kind, base)
         req = engine.new_request(rid, p.prompt_ids, p.params)
         req.lora = p.lora
+        if p.lora is not None:
+            req.lora_id = engine.lora.adapter_id(p.lora)
         kv = p.kv_transfer_params
         if kv and kv.get("do_remote_decode"):
             req.do_remote_decode = True

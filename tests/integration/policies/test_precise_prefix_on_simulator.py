@@ -21,6 +21,7 @@ from fleet.precise_prefix import PrecisePrefixIndex
 from proxy.app import FleetProxyApp
 from simulator.fleet import SimFleet, start_fleet
 from simulator.kv_events_config import parse_kv_events_config
+from simulator.lora import parse_lora_modules
 from simulator.server import EngineServer
 from simulator.tokenizer import Tokenizer
 from tests.integration.test_workers import serve, wait_for
@@ -57,9 +58,15 @@ def backend_config(engine: EngineServer, events: bool = True) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def publishing_fleet(n: int, tokenizer: Tokenizer) -> AsyncIterator[SimFleet]:
+async def publishing_fleet(
+    n: int, tokenizer: Tokenizer, loras: tuple[str, ...] = ()
+) -> AsyncIterator[SimFleet]:
     async with await start_fleet(
-        n, speed=20.0, tokenizer=tokenizer, kv_events=parse_kv_events_config(SIM_KV_EVENTS)
+        n,
+        speed=20.0,
+        tokenizer=tokenizer,
+        kv_events=parse_kv_events_config(SIM_KV_EVENTS),
+        lora=parse_lora_modules([f"{name}=/adapters/{name}" for name in loras], max_loras=2),
     ) as fleet:
         yield fleet
 
@@ -207,6 +214,53 @@ async def test_a_backend_without_events_is_scored_by_the_approximate_index(
             for other in fleet.engines[:2]:
                 assert scores[backend_id(other)]["from_events"] == 1.0
                 assert scores[backend_id(other)]["precise"] == 0.0
+
+
+async def test_a_lora_adapters_prompt_goes_by_the_approximate_index(tokenizer: Tokenizer) -> None:
+    """An adapter's blocks are hashed with the adapter, so the events cannot place its
+    prompts: the proxy learns from /v1/models which models are adapters, does not tokenize
+    their prompts, and routes them by its own record of where it sent them."""
+    async with publishing_fleet(2, tokenizer, loras=("sql-lora",)) as fleet:
+        settings = fast_settings(
+            [backend_config(e) for e in fleet.engines],
+            routing=PRECISE_ONLY,
+            kv_events_topic="kv",
+            debug_receipts=True,
+        )
+        async with (
+            running_proxy(settings) as (url, app),
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            await eventually(lambda: app.core.fleet.is_adapter("sql-lora"))
+            assert not app.core.fleet.is_adapter(MODEL)
+            for k, engine in enumerate(fleet.engines):  # both engines' events are followed
+                ids = await warm(client, engine, chat(system_prompt(k), "warm up"))
+                await eventually(holds(index_of(app), ids, engine))
+            tokens = app.core.prompt_tokens
+            assert tokens is not None
+            before = tokens.tokenized
+            stored = index_of(app).counters.stored
+            system = system_prompt(50)
+            body = {**chat(system, "first"), "model": "sql-lora"}
+            first = await client.post("/v1/chat/completions", json=body)
+            assert first.status_code == 200, first.text
+            home = first.headers["x-fleet-backend"]
+            # Its blocks reach the index salted with the adapter: no base-model prompt of the
+            # same tokens matches them.
+            await eventually(lambda: index_of(app).counters.stored > stored)
+            ids = (await client.post(fleet.urls[0] + "/tokenize", json=body)).json()["tokens"]
+            assert index_of(app).match(ids).blocks(home) == 0
+            second = await client.post(
+                "/v1/chat/completions",
+                json={**chat(system, "second"), "model": "sql-lora"},
+                headers={"x-fleet-debug": "1"},
+            )
+            assert second.status_code == 200, second.text
+            assert second.headers["x-fleet-backend"] == home
+            scores = json.loads(second.headers["x-fleet-decision"])["scores"]
+            assert scores[home]["from_events"] == 0.0
+            assert scores[home]["precise"] > 0.5  # the approximate index's share
+            assert tokens.tokenized == before  # the proxy tokenized neither adapter request
 
 
 def blocks_indexed(metrics_text: str, backend: str) -> float:

@@ -110,3 +110,28 @@ def test_candidates_and_routable_apply_one_rule() -> None:
     now = clock.now()
     assert fleet.candidates("m", now) == fleet.routable(now) == [backends["ok"]]
     assert [b.id for b in backends.values() if b.routable(now, 1.0)] == ["ok"]
+
+
+@respx.mock
+async def test_lora_adapters_are_learned_from_their_parent_and_forgotten_with_the_backend() -> None:
+    fleet, scraper, _, client = make()
+    fleet.add(BackendSpec(id="b", url="http://b.test"))
+    models = respx.get("http://a.test/v1/models")
+    models.respond(json={"data": [{"id": "m", "parent": None}, {"id": "sql", "parent": "m"}]})
+    respx.get("http://b.test/v1/models").respond(json={"data": [{"id": "m"}, {"id": "sql"}]})
+    a, b = fleet.get("a"), fleet.get("b")
+    assert a is not None and b is not None
+    await scraper.learn_models(a)
+    await scraper.learn_models(b)
+    assert a.spec.models == ("m", "sql") and a.adapters == frozenset({"sql"})
+    assert b.adapters == frozenset()  # no parent given: a model of its own
+    assert fleet.is_adapter("sql") and not fleet.is_adapter("m")
+    models.respond(json={"data": [{"id": "m"}]})  # the adapter was unloaded
+    await scraper.learn_models(a)
+    assert not fleet.is_adapter("sql")
+    models.respond(json={"data": [{"id": "m"}, {"id": "sql", "parent": "m"}]})
+    await scraper.learn_models(a)
+    assert fleet.is_adapter("sql")
+    fleet.remove("a")
+    assert not fleet.is_adapter("sql")
+    await client.aclose()

@@ -83,3 +83,31 @@ def test_an_index_fed_the_events_matches_the_engines_own_prefix_lookup(
                 compared += engine_hits
     assert compared > 0  # the cache did hold prefixes along the way
     assert index.counters.removed > 0  # and evicted some
+
+
+def test_an_adapters_blocks_carry_it_and_match_no_base_model_prompt(tokenizer: Tokenizer) -> None:
+    """As vLLM's: a LoRA request's events name its adapter (id, name, and the name as each
+    block's extra key), so an index fed them does not take them for the base model's blocks
+    of the same tokens, which the engine does not hit either."""
+    h = CoreHarness(tokenizer, record_kv_events=True, num_gpu_blocks=64)
+    prompt = list(range(100, 110))
+    req = h.request(prompt, max_tokens=1)
+    req.lora, req.lora_id = "sql-lora", 2
+    h.run()
+    (event,) = h.core.pool.take_events()
+    assert isinstance(event, BlockStored)
+    assert (event.lora_id, event.lora_name) == (2, "sql-lora")
+    assert event.extra_keys == [["sql-lora"], ["sql-lora"]]
+    assert len(h.core.pool.lookup_prefix(chain_hashes(prompt, BS))) == 0  # base: no hit
+    index = PrecisePrefixIndex()
+    index.reset("e", 0.0, complete=True)
+    index.apply("e", [event], h.now)
+    assert index.counters.stored == 2
+    assert index.match(prompt).blocks("e") == 0
+    # The base model's own request for the same tokens is cached apart, and matched.
+    h.request(prompt, max_tokens=1)
+    h.run()
+    (base,) = h.core.pool.take_events()
+    assert isinstance(base, BlockStored) and base.lora_name is None and base.extra_keys is None
+    index.apply("e", [base], h.now)
+    assert index.match(prompt).blocks("e") == 2
