@@ -13,11 +13,12 @@ against every other (not only the first). Writes `routing.md` and `routing.json`
 compare_peers' `peers.md`.
 
 Settings are ROUTER:POLICY, as compare_peers takes them; a fleet-proxy setting may add
-`+precise` (the engines publish their KV-cache events and the policy takes its uncached-token
-figure from them: `routing: {policy: POLICY, precise_prefix: {}}`) and then `@wN` (`serve
---workers N`), e.g. `fleet-proxy:unified@w2` or `fleet-proxy:unified+precise@w2`. A +precise
-run records each worker's events, blocks indexed and prompts tokenized in its `precise.json`
-and stops the campaign if any worker did not route by the events.
+policy parameters (`/overload_factor=1.5`), `+precise` (the engines publish their KV-cache
+events and the policy takes its uncached-token figure from them: `routing: {policy: POLICY,
+precise_prefix: {}}`) and then `@wN` (`serve --workers N`), e.g. `fleet-proxy:unified@w2` or
+`fleet-proxy:unified+precise@w2`. A +precise run records each worker's events, blocks indexed
+and prompts tokenized in its `precise.json` and stops the campaign if any worker did not route
+by the events.
 
 Why `--speed` below 1: an H100 prefills ~31k tokens/s per engine, so queueing four of them
 at speed 1 needs more requests per second than 2 shared CPU cores can stream through a
@@ -223,9 +224,9 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--settings",
         default=",".join(DEFAULT_SETTINGS),
-        help="comma-separated ROUTER:POLICY; fleet-proxy's may end in +precise (routing by the "
-        "engines' KV-cache events) and/or @wN (N worker processes), in that order: "
-        "fleet-proxy:unified+precise@w2",
+        help="comma-separated ROUTER:POLICY; fleet-proxy's may add /KEY=VALUE policy "
+        "parameters, +precise (routing by the engines' KV-cache events) and @wN (N worker "
+        "processes), in that order: fleet-proxy:unified/overload_factor=1.5+precise@w2",
     )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("routing-%H%M%S"))

@@ -6,8 +6,10 @@ front of the same simulated fleet, replaying the same workload; one table and on
         [--settings vllm-router:round_robin,fleet-proxy:lmetric,...] [--out DIR]
         [-- BENCH ARGS]          (default: an agent workload, see DEFAULT_BENCH_ARGS)
 
-A setting is ROUTER:POLICY. A fleet-proxy setting may add `+precise` and `@wN`, in that order:
-`fleet-proxy:unified@w2` serves with `--workers 2`; `fleet-proxy:unified+precise` starts the
+A setting is ROUTER:POLICY. A fleet-proxy setting may add policy parameters `/KEY=VALUE`,
+`+precise` and `@wN`, in that order: `fleet-proxy:unified/overload_factor=1.5` gives the proxy a
+`--config` with `routing: {policy: unified, params: {overload_factor: 1.5}}` (values read as
+YAML); `fleet-proxy:unified@w2` serves with `--workers 2`; `fleet-proxy:unified+precise` starts the
 fleet with `--kv-events-config` (every engine binds its publisher and replay socket on free
 loopback ports) and the proxy with a `--config` YAML naming each backend's endpoints and
 `routing: {policy: POLICY, precise_prefix: {}}` (the policy, its uncached-token figure from the
@@ -87,19 +89,23 @@ class RouterSetting:
     policy: str
     workers: int = 1  # fleet-proxy serve --workers
     precise: bool = False  # the engines publish KV-cache events; routing uses them
+    # fleet-proxy's policy parameters (routing: {policy, params}), as given after the policy.
+    params: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
+        params = "".join(f"/{k}={_param_text(v)}" for k, v in self.params)
         precise = "+precise" if self.precise else ""
         workers = f"@w{self.workers}" if self.workers != 1 else ""
-        return f"{self.kind}:{self.policy}{precise}{workers}"
+        return f"{self.kind}:{self.policy}{params}{precise}{workers}"
 
     @classmethod
     def parse(cls, text: str) -> RouterSetting:
-        """ROUTER:POLICY, and for fleet-proxy optionally +precise then @wN."""
+        """ROUTER:POLICY, and for fleet-proxy optionally /KEY=VALUE policy parameters, then
+        +precise, then @wN."""
         kind, sep, rest = text.partition(":")
         if not sep or kind not in ("vllm-router", "sglang-router", "fleet-proxy"):
-            raise ValueError(f"bad setting {text!r}: want ROUTER:POLICY[+precise][@wN]")
+            raise ValueError(f"bad setting {text!r}: want ROUTER:POLICY[/K=V...][+precise][@wN]")
         rest, at, workers_text = rest.partition("@")
         workers = 1
         if at:
@@ -109,14 +115,37 @@ class RouterSetting:
             workers = int(digits)
             if workers < 1:
                 raise ValueError(f"bad setting {text!r}: @wN needs N >= 1")
-        policy, plus, flag = rest.partition("+")
+        rest, plus, flag = rest.partition("+")
         if plus and flag != "precise":
             raise ValueError(f"bad setting {text!r}: the only +FLAG is +precise")
+        policy, *pairs = rest.split("/")
         if not policy:
             raise ValueError(f"bad setting {text!r}: no policy")
-        if (at or plus) and kind != "fleet-proxy":
-            raise ValueError(f"bad setting {text!r}: +precise and @wN are fleet-proxy's")
-        return cls(kind, policy, workers, bool(plus))
+        params: list[tuple[str, Any]] = []
+        for pair in pairs:
+            key, eq, value = pair.partition("=")
+            if not eq or not key:
+                raise ValueError(f"bad setting {text!r}: a policy parameter is /KEY=VALUE")
+            params.append((key, yaml.safe_load(value)))
+        if (at or plus or params) and kind != "fleet-proxy":
+            raise ValueError(f"bad setting {text!r}: /K=V, +precise and @wN are fleet-proxy's")
+        return cls(kind, policy, workers, bool(plus), tuple(params))
+
+    def routing(self) -> dict[str, Any]:
+        """fleet-proxy's routing: section for this setting."""
+        out: dict[str, Any] = {"policy": self.policy}
+        if self.params:
+            out["params"] = dict(self.params)
+        if self.precise:
+            out["precise_prefix"] = {}
+        return out
+
+
+def _param_text(value: Any) -> str:
+    """A parameter's value as it was written (YAML)."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class PreciseIndexUnused(Exception):
@@ -272,16 +301,19 @@ def start_fleet(
 def proxy_config(
     setting: RouterSetting, urls: list[str], endpoints: dict[str, tuple[str, str | None]]
 ) -> dict[str, Any]:
-    """The --config of a +precise fleet-proxy: the backends with their KV-events endpoints,
-    and the policy as `--policy` builds it plus a `precise_prefix` section."""
+    """The --config of a fleet-proxy with policy parameters or +precise: the backends (with
+    their KV-events endpoints when +precise), and the policy as `--policy` builds it with its
+    parameters and, when +precise, a `precise_prefix` section."""
     backends: list[dict[str, str]] = []
     for url in urls:
-        publish, replay = endpoints[url]
-        backend = {"url": url, "kv_events_endpoint": publish}
-        if replay:
-            backend["kv_events_replay_endpoint"] = replay
+        backend = {"url": url}
+        if setting.precise:
+            publish, replay = endpoints[url]
+            backend["kv_events_endpoint"] = publish
+            if replay:
+                backend["kv_events_replay_endpoint"] = replay
         backends.append(backend)
-    return {"backends": backends, "routing": {"policy": setting.policy, "precise_prefix": {}}}
+    return {"backends": backends, "routing": setting.routing()}
 
 
 def router_command(
@@ -448,9 +480,10 @@ def run_setting(
     try:
         bundle.mkdir(parents=True, exist_ok=True)
         config = None
-        if setting.precise:
+        if setting.precise or setting.params:
             config = bundle / "proxy.yaml"
-            text = proxy_config(setting, urls, kv_event_endpoints(fleet.log))
+            endpoints = kv_event_endpoints(fleet.log) if setting.precise else {}
+            text = proxy_config(setting, urls, endpoints)
             config.write_text(yaml.safe_dump(text, sort_keys=False))
         port = free_port()
         cmd, ready = router_command(setting, port, urls, config)
@@ -637,8 +670,9 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--settings",
         default=",".join(DEFAULT_SETTINGS),
-        help="comma-separated ROUTER:POLICY, fleet-proxy's optionally +precise then @wN "
-        "(fleet-proxy:unified+precise@w2); the first is the baseline",
+        help="comma-separated ROUTER:POLICY, fleet-proxy's optionally /KEY=VALUE policy "
+        "parameters, +precise, then @wN (fleet-proxy:unified/overload_factor=1.5+precise@w2); "
+        "the first is the baseline",
     )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("peers-%Y%m%d-%H%M%S"))

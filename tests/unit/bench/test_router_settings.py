@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -20,20 +21,28 @@ def peers() -> ModuleType:
 
 
 @pytest.mark.parametrize(
-    ("text", "policy", "workers", "precise"),
+    ("text", "policy", "workers", "precise", "params"),
     [
-        ("fleet-proxy:unified", "unified", 1, False),
-        ("fleet-proxy:unified@w4", "unified", 4, False),
-        ("fleet-proxy:unified+precise", "unified", 1, True),
-        ("fleet-proxy:unified+precise@w2", "unified", 2, True),
-        ("vllm-router:cache_aware", "cache_aware", 1, False),
+        ("fleet-proxy:unified", "unified", 1, False, {}),
+        ("fleet-proxy:unified@w4", "unified", 4, False, {}),
+        ("fleet-proxy:unified+precise", "unified", 1, True, {}),
+        ("fleet-proxy:unified+precise@w2", "unified", 2, True, {}),
+        ("fleet-proxy:unified/overload_factor=1.5", "unified", 1, False, {"overload_factor": 1.5}),
+        (
+            "fleet-proxy:unified/overload_factor=1.25/ceiling_factor=null+precise@w2",
+            "unified",
+            2,
+            True,
+            {"overload_factor": 1.25, "ceiling_factor": None},
+        ),
+        ("vllm-router:cache_aware", "cache_aware", 1, False, {}),
     ],
 )
 def test_a_setting_parses_and_its_label_is_its_text(
-    peers: ModuleType, text: str, policy: str, workers: int, precise: bool
+    peers: ModuleType, text: str, policy: str, workers: int, precise: bool, params: dict[str, Any]
 ) -> None:
     s = peers.RouterSetting.parse(text)
-    assert (s.policy, s.workers, s.precise) == (policy, workers, precise)
+    assert (s.policy, s.workers, s.precise, dict(s.params)) == (policy, workers, precise, params)
     assert s.label == text
 
 
@@ -49,6 +58,10 @@ def test_a_setting_parses_and_its_label_is_its_text(
         "fleet-proxy:+precise",
         "vllm-router:cache_aware@w2",
         "sglang-router:cache_aware+precise",
+        "vllm-router:cache_aware/x=1",
+        "fleet-proxy:unified/overload_factor",
+        "fleet-proxy:unified/=1",
+        "fleet-proxy:/overload_factor=1",
     ],
 )
 def test_a_malformed_setting_is_refused(peers: ModuleType, text: str) -> None:
@@ -137,3 +150,21 @@ def test_a_run_counts_as_precise_only_when_the_index_was_fed_trusted_and_asked(
         (_metrics(12, 80, 1, 0), "no prompt tokenized"),
     ):
         assert any(says in p for p in peers.precise_index_state(bad, 2)["problems"])
+
+
+def test_policy_parameters_go_in_a_config_the_proxy_takes(
+    peers: ModuleType, tmp_path: Path
+) -> None:
+    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    setting = peers.RouterSetting.parse("fleet-proxy:unified/overload_factor=1.5@w2")
+    data = peers.proxy_config(setting, urls, {})
+    assert data == {
+        "backends": [{"url": u} for u in urls],
+        "routing": {"policy": "unified", "params": {"overload_factor": 1.5}},
+    }
+    settings = Settings.model_validate(data)
+    assert settings.routing == data["routing"]
+    config = tmp_path / "proxy.yaml"
+    config.write_text(yaml.safe_dump(data))
+    cmd, _ = peers.router_command(setting, 8000, urls, config)
+    assert cmd[cmd.index("--config") + 1] == str(config) and "--policy" not in cmd
