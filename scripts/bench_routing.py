@@ -205,7 +205,7 @@ def all_pairs(bundles: dict[str, list[Path]]) -> tuple[str, dict[str, Any]]:
 
 def pooled_bundles(dirs: list[Path], label: str) -> list[Path]:
     """A setting's finished runs from several campaigns, campaign by campaign, run by run."""
-    tag = label.replace(":", "-")
+    tag = cp.RouterSetting.parse(label).file_tag
     return [
         b
         for d in dirs

@@ -99,6 +99,11 @@ class RouterSetting:
         workers = f"@w{self.workers}" if self.workers != 1 else ""
         return f"{self.kind}:{self.policy}{params}{precise}{workers}"
 
+    @property
+    def file_tag(self) -> str:
+        """The label as a file name: no ':' or '/'."""
+        return self.label.replace(":", "-").replace("/", "_")
+
     @classmethod
     def parse(cls, text: str) -> RouterSetting:
         """ROUTER:POLICY, and for fleet-proxy optionally /KEY=VALUE policy parameters, then
@@ -472,7 +477,7 @@ def run_campaign(
 def run_setting(
     setting: RouterSetting, k: int, args: argparse.Namespace, bench_args: list[str], out: Path
 ) -> Path:
-    tag = f"{setting.label.replace(':', '-')}-{k}"
+    tag = f"{setting.file_tag}-{k}"
     logs = out / "logs"
     bundle = out / "runs" / tag
     fleet, urls = start_fleet(args, logs, tag, kv_events=setting.precise)

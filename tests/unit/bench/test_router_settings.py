@@ -44,6 +44,7 @@ def test_a_setting_parses_and_its_label_is_its_text(
     s = peers.RouterSetting.parse(text)
     assert (s.policy, s.workers, s.precise, dict(s.params)) == (policy, workers, precise, params)
     assert s.label == text
+    assert "/" not in s.file_tag and ":" not in s.file_tag  # runs and logs are named by it
 
 
 @pytest.mark.parametrize(
