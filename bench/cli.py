@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -155,11 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# NAME=URL: the name may hold '=' itself (a routing setting such as
+# fleet-proxy:unified/overload_factor=1.5); the URL starts at the '=' before its scheme.
+_NAMED_TARGET = re.compile(r"^(?P<name>.+?)=(?P<url>[A-Za-z][A-Za-z0-9+.-]*://.*)$")
+
+
 def parse_targets(specs: list[str]) -> list[tuple[str, str]]:
+    """`--target` values, each URL or NAME=URL; unnamed ones are A, B, ... (or "run")."""
     out = []
     for i, spec in enumerate(specs):
-        name, sep, url = spec.partition("=")
-        if not sep or "://" in name:
+        named = _NAMED_TARGET.match(spec)
+        if named is not None and "://" not in named["name"]:
+            name, url = named["name"], named["url"]
+        else:
             name, url = (chr(ord("A") + i) if len(specs) > 1 else "run"), spec
         out.append((name, url))
     if len({n for n, _ in out}) != len(out):
