@@ -2,7 +2,7 @@
 implementation.
 
 With one worker `LocalChanges` changes the registry directly; with `--workers N`
-proxy/peer_sync.py's `SharedChanges` appends each change to the shared log and answers once
+proxy/control/peer_sync.py's `SharedChanges` appends each change to the shared log and answers once
 this worker has applied it, so every worker holds the same fleet.
 """
 

@@ -2,10 +2,10 @@
 (migrate, evacuate, and the background tasks built on them) see it. Routing never reads it:
 it routes on each backend's `Load` and scrape.
 
-An entry is the request's session itself (proxy/session.py); the table keeps no stream bytes,
-so its memory does not grow with the tokens relayed. It lives in fleet/, which imports none of
-the other packages, so that the proxy, which fills it, and the rescheduler, which reads it,
-both import it without importing each other.
+An entry is the request's session itself (proxy/request/session.py); the table keeps no stream
+bytes, so its memory does not grow with the tokens relayed. It lives in fleet/, which imports none
+of the other packages, so that the proxy, which fills it, and the rescheduler, which reads it, both
+import it without importing each other.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class MoveResult:
     tokens: int = 0  # generated tokens the client had when the stream was cut
     downtime_s: float | None = None  # last token from the source to first from the target
     detail: str = ""
-    kind: str = "recompute"  # how the KV reached the target (proxy/move_kinds.py)
+    kind: str = "recompute"  # how the KV reached the target (proxy/stream/move_kinds.py)
 
     @property
     def ok(self) -> bool:

@@ -1,6 +1,6 @@
 """Per-backend load shared between the proxy's worker processes (`--workers N`).
 
-One shared-memory segment (created by the supervisor, proxy/workers.py) holds a row per
+One shared-memory segment (created by the supervisor, proxy/serving/workers.py) holds a row per
 worker; a row holds, per backend slot, what that worker has in flight on the backend. Each
 worker writes only its own row and reads the others into `Load.peer_*`, so a policy in any
 worker sees the requests its peers have sent too.
@@ -15,12 +15,12 @@ see one cell newer than the next, which a load estimate tolerates):
 (`routable`: backends the worker can route to; `applied`: how far into the change log it has
 applied fleet changes. Both let an operator or a test see that every worker is in step.)
 
-A slot is keyed by backend id in `SlotTable`. Every worker builds the same table without
-talking to the others: the configured backends take slots 0.. in order, and later admin
-changes are applied by every worker in the order of the shared change log (proxy/peer_sync.py),
-each add taking the lowest free slot. The generation (1 for configured backends, a change's
-log position + 2 for added ones) tells a reused slot's new backend from its old one while some
-worker has not yet applied the change: cells of another generation are not counted.
+A slot is keyed by backend id in `SlotTable`. Every worker builds the same table without talking to
+the others: the configured backends take slots 0.. in order, and later admin changes are applied by
+every worker in the order of the shared change log (proxy/control/peer_sync.py), each add taking the
+lowest free slot. The generation (1 for configured backends, a change's log position + 2 for added
+ones) tells a reused slot's new backend from its old one while some worker has not yet applied the
+change: cells of another generation are not counted.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Scraper:
         self.timeout = timeout
         # Consecutive failed health checks before a backend is taken out: one slow answer
         # while this process is busy should not empty the fleet. (A refused connection on
-        # the request path takes a backend out at once; see proxy/forward.py.)
+        # the request path takes a backend out at once; see proxy/request/entry.py.)
         self.unhealthy_after = unhealthy_after
         self._failures: dict[str, int] = {}
         # Told when a health check takes a backend out, so requests on it need not wait.

@@ -109,8 +109,8 @@ class MetricsSnapshot:
 
 @dataclass(slots=True)
 class Load:
-    """The proxy's own accounting for one backend (proxy/accounting.py's Dispatch): charged at
-    dispatch, pending prefill released when the prompt is processed, a decode counted at the
+    """The proxy's own accounting for one backend (proxy/backends/accounting.py's Dispatch): charged
+    at dispatch, pending prefill released when the prompt is processed, a decode counted at the
     first output, all released when the request ends or moves. Never touched per chunk."""
 
     in_flight: int = 0

@@ -245,7 +245,7 @@ async def simulated_engine(profile: str, speed: float) -> AsyncIterator[str]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "proxy.cli",
+            "proxy.serving.cli",
             "sim",
             "--engines=1",
             "--base-port=0",

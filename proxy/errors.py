@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import orjson
 from pydantic import BaseModel
+
+# What a failure says about the backend: the one vocabulary of the proxy's failure handling,
+# its `fleet_proxy_upstream_errors` kind label, outcome-based ejection and `last_error`.
+# connect: refused (the backend is down); connect_timeout: no connection in time (busy?);
+# io: the connection broke or timed out while answering; status: a retryable 5xx answer;
+# mid_stream: the stream broke after output reached the client; stalled: it stopped flowing.
+# `proxy.backends.upstream.failure_kind()` is the one place an UpstreamError becomes one of these.
+FailureKind = Literal["connect", "connect_timeout", "io", "status", "mid_stream", "stalled"]
 
 
 class ProxyError(Exception):

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from fleet.clock import Clock
 from fleet.lean_histogram import LeanHistogram
 from fleet.registry import FleetRegistry
-from proxy.upstream import FailureKind
+from proxy.errors import FailureKind
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

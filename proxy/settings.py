@@ -35,7 +35,7 @@ from pydantic_settings import (
 
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
-from proxy.move_kinds import MoveCosts
+from proxy.stream.move_kinds import MoveCosts
 from proxy.url_policy import parse_allow_entry
 from rescheduler.config import (
     LOAD_METRICS,
@@ -176,7 +176,7 @@ class Settings(BaseSettings):
     # overrides `policy` when given.
     routing: dict[str, Any] | None = None
     admin_token: SecretStr | None = None
-    # --- client access control (proxy/access.py, README.md "Access control")
+    # --- client access control (proxy/serving/access.py, README.md "Access control")
     # Keys clients must send as `Authorization: Bearer <key>` on the OpenAI endpoints; with
     # none here and no api_keys_file, those endpoints are open. A comma list or a YAML list.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
@@ -210,8 +210,8 @@ class Settings(BaseSettings):
         600.0, gt=0, allow_inf_nan=False, description="max silence from a backend"
     )
     max_attempts: int = Field(3, ge=1, le=10, description="tries before the first byte")
-    # Movable requests (proxy/session.py): generation requests record their token ids so that
-    # a broken, stalled or drained backend's streams continue on another backend.
+    # Movable requests (proxy/request/session.py): generation requests record their token ids so
+    # that a broken, stalled or drained backend's streams continue on another backend.
     movable_requests: bool = True
     # Non-streamed requests too: streamed from the backend and answered whole by the proxy, so
     # they can move; costs the proxy a parse of every event (docs/performance.md).
@@ -223,7 +223,7 @@ class Settings(BaseSettings):
     move_timeout: float = Field(
         30.0, gt=0, allow_inf_nan=False, description="the admin API's wait for a planned move"
     )
-    # How a planned move carries the KV to its target (proxy/move_kinds.py): `auto` picks per
+    # How a planned move carries the KV to its target (proxy/stream/move_kinds.py): `auto` picks per
     # move by the predicted downtime below; a forced kind needing KV transfer (handover,
     # precopy) falls back to recompute unless both ends have the label `kv_connector: nixl`.
     move_kind: Literal["auto", "recompute", "handover", "precopy"] = "auto"
@@ -286,7 +286,7 @@ class Settings(BaseSettings):
     kv_events_replay_timeout: float = Field(
         2.0, gt=0, allow_inf_nan=False, description="seconds a replay of missed events may take"
     )
-    # How a decision with a prefill backend is carried out (proxy/disagg.py).
+    # How a decision with a prefill backend is carried out (proxy/backends/disagg.py).
     pd_mode: Literal["orchestrated", "header"] = "orchestrated"
     pd_prefill_timeout: float = Field(30.0, gt=0)
     # --- exposure (safe by default)
@@ -318,8 +318,8 @@ class Settings(BaseSettings):
     # are refused unless this is set (then all of them are allowed).
     backend_url_allow_link_local: bool = False
     log_level: str = "info"
-    # Serving processes (proxy/workers.py). 1 runs the proxy in this process, as always; more
-    # share one listening port and their per-backend accounting (fleet/peer_load.py).
+    # Serving processes (proxy/serving/workers.py). 1 runs the proxy in this process, as always;
+    # more share one listening port and their per-backend accounting (fleet/peer_load.py).
     workers: int = Field(1, ge=1, le=64)
     # With workers > 1: how often each worker publishes its load, reads its peers' load and
     # applies admin changes made through another worker.
@@ -329,7 +329,7 @@ class Settings(BaseSettings):
     # ("shared", where one worker may take a whole burst of connections): docs/performance.md.
     worker_listen: Literal["shared", "reuseport"] = "reuseport"
 
-    # The client-facing HTTP server's limits (proxy/front_door.py, docs/reliability.md).
+    # The client-facing HTTP server's limits (proxy/serving/front_door.py, docs/reliability.md).
     client_max_connections: int = Field(
         8192, ge=1, description="open client connections per serving process; more get 503"
     )
@@ -358,7 +358,7 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds an idle client connection is kept open between requests",
     )
-    # One JSON line per finished OpenAI request (proxy/request_log.py), written off the
+    # One JSON line per finished OpenAI request (proxy/control/request_log.py), written off the
     # request's path; `off` builds nothing.
     request_log: Literal["off", "json"] = "off"
     request_log_file: Path | None = None  # None: stderr
@@ -366,11 +366,11 @@ class Settings(BaseSettings):
         1.0, ge=0, le=1, allow_inf_nan=False, description="share of requests logged"
     )
     # On SIGTERM or SIGINT: stop accepting, let requests and streams finish for this long, then
-    # close what is left and exit (proxy/front_door.py GracefulServer).
+    # close what is left and exit (proxy/serving/front_door.py GracefulServer).
     shutdown_grace_period: float = Field(
         30.0, ge=0, allow_inf_nan=False, description="seconds requests may take to finish"
     )
-    # Admission control (proxy/admission.py): off while max_concurrent_requests is None.
+    # Admission control (proxy/serving/admission.py): off while max_concurrent_requests is None.
     max_concurrent_requests: int | None = Field(
         None, ge=1, description="OpenAI requests running at once per serving process"
     )

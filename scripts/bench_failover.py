@@ -151,14 +151,15 @@ async def run(args: argparse.Namespace, out_dir: Path) -> dict[str, object]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(
             process(
-                [py, "-m", "proxy.cli", "sim", "--engines", "4", "--base-port", str(engines[0]),
+                [py, "-m", "proxy.serving.cli", "sim", "--engines", "4",
+                 "--base-port", str(engines[0]),
                  "--speed", str(args.speed)],
                 out_dir / "sim.log",
             )
         )  # fmt: skip
         for p in engines:
             wait_http(f"http://127.0.0.1:{p}/health")
-        cmd = [py, "-m", "proxy.cli", "serve", "--port", str(proxy_port), "--policy",
+        cmd = [py, "-m", "proxy.serving.cli", "serve", "--port", str(proxy_port), "--policy",
                "least_requests", "--log-level", "warning"]  # fmt: skip
         for p in engines:
             cmd += ["--backend", f"http://127.0.0.1:{p}"]

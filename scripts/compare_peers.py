@@ -80,7 +80,7 @@ DEFAULT_BENCH_LINE = (
 )
 DEFAULT_BENCH_ARGS = tuple(shlex.split(DEFAULT_BENCH_LINE))
 SIM_MAIN = "import sys; from simulator.cli import main; sys.exit(main(sys.argv[1:]))"
-PROXY_MAIN = "import sys; from proxy.cli import main; sys.exit(main(sys.argv[1:]))"
+PROXY_MAIN = "import sys; from proxy.serving.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass(frozen=True, slots=True)

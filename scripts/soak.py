@@ -651,13 +651,13 @@ async def main_async(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop, sig)
     with contextlib.ExitStack() as stack:
-        sim_cmd = [py, "-m", "proxy.cli", "sim", "--engines", str(args.engines),
+        sim_cmd = [py, "-m", "proxy.serving.cli", "sim", "--engines", str(args.engines),
                    "--base-port", str(engine_ports[0]), "--speed", str(args.speed),
                    "--profile", args.profile]  # fmt: skip
         stack.enter_context(process(sim_cmd, out_dir / "sim.log", own_session=True))
         for url in engines:
             await wait_ok(url + "/health")
-        cmd = [py, "-m", "proxy.cli", "serve", "--port", str(proxy_port), "--policy",
+        cmd = [py, "-m", "proxy.serving.cli", "serve", "--port", str(proxy_port), "--policy",
                args.policy, "--log-level", "warning"]  # fmt: skip
         for url in engines:
             cmd += ["--backend", url]

@@ -1,4 +1,4 @@
-"""CPU per request of the proxy's HTTP protocol (proxy/front_door.py) beside uvicorn's own
+"""CPU per request of the proxy's HTTP protocol (proxy/serving/front_door.py) beside uvicorn's own
 httptools protocol it extends, without sockets or a load generator in the way.
 
 One keep-alive connection on a transport that discards what it is given, a request that
@@ -22,7 +22,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from proxy.front_door import FrontDoorLimits, FrontDoorStats, front_door_protocol
+from proxy.serving.front_door import FrontDoorLimits, FrontDoorStats, front_door_protocol
 from proxy.settings import load_settings
 
 REQUEST = (

@@ -322,7 +322,7 @@ def main() -> int:
         fleet_cmd = [
             py,
             "-m",
-            "proxy.cli",
+            "proxy.serving.cli",
             "serve",
             "--port",
             str(proxy_port),

@@ -1,4 +1,5 @@
-"""CPU per request of the forwarding client: aiohttp ClientSession vs proxy.upstream.UpstreamPool.
+"""CPU per request of the forwarding client: aiohttp ClientSession vs the proxy's own
+proxy.backends.upstream.UpstreamPool.
 
 Starts scripts/perf/fast_fake_vllm.py as a subprocess, then drives it from this process with
 each client: --requests POSTs to /v1/completions at --concurrency, non-streaming (16 tokens)
@@ -9,8 +10,8 @@ requests per second and read syscalls per request (from /proc/self/io: a streame
 costs one read and one task wake-up per burst of events, so a client that keeps up pays for
 more reads, and when both processes are saturated the fastest client reads the most often);
 each figure is from the round with the least CPU of --repeat rounds. aiohttp is configured as
-proxy/core.py configures it. --rate paces the requests below saturation; --event-gap spaces
-the streamed events as an engine spaces tokens (each event then is one read for any client).
+proxy/serving/wiring.py configures it. --rate paces the requests below saturation; --event-gap
+spaces the streamed events as an engine spaces tokens (each event then is one read for any client).
 
     python scripts/perf/bench_upstream_client.py [--requests 5000] [--concurrency 32]
     python scripts/perf/bench_upstream_client.py --event-gap 1 --concurrency 64 --floor
@@ -39,7 +40,7 @@ sys.path.insert(0, str(HERE))
 import bench_proxy_overhead as overhead  # noqa: E402  (free_port, wait_http, process)
 import fast_fake_vllm  # noqa: E402  (the exact bytes it answers with)
 
-from proxy.upstream import UpstreamPool  # noqa: E402
+from proxy.backends.upstream import UpstreamPool  # noqa: E402
 
 PATH = "/v1/completions"
 HEADERS = {"content-type": "application/json"}

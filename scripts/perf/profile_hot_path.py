@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from proxy.app import create_app  # noqa: E402
+from proxy.serving.app import create_app  # noqa: E402
 from proxy.settings import load_settings  # noqa: E402
 
 BODY = b'{"model":"fake-model","prompt":"Say something about routers.","max_tokens":16%s}'

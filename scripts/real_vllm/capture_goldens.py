@@ -47,7 +47,7 @@ import httpx
 CACHE = Path.home() / ".cache" / "fleet-proxy"
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run by the vLLM venv's python, which lacks this project
-from proxy.kv_transfer import remote_decode_params  # noqa: E402
+from proxy.backends.kv_transfer import remote_decode_params  # noqa: E402
 
 KEPT_HEADERS = ("content-type", "x-request-id", "server", "transfer-encoding")
 

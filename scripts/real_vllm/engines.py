@@ -34,9 +34,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# The repository root, for proxy.kv_transfer (standard library only, like this script).
+# The repository root, for proxy.backends.kv_transfer (standard library only, like this script).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from proxy.kv_transfer import remote_decode_params
+from proxy.backends.kv_transfer import remote_decode_params
 
 SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 4096

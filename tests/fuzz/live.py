@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, settings
 
-from proxy.app import FleetProxyApp
+from proxy.serving.app import FleetProxyApp
 from simulator.fleet import DEFAULT_MODEL, start_fleet
 from simulator.profiles import DEFAULT_PROFILE, load_profile
 from tests.support.servers import fast_settings, running_proxy

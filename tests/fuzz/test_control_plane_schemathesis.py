@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from proxy.app import create_app
+from proxy.serving.app import create_app
 from proxy.settings import BackendConfig, load_settings
 from tests.fuzz.checks import assert_openai_error_body
 from tests.fuzz.live import REQUEST_TIMEOUT_S, LiveProxy, fuzz_settings, live_proxy

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
+from proxy.serving.app import create_app
 from simulator.fleet import SimFleet, start_fleet
 from tests.integration.test_pd_disaggregation import pd_routing
 from tests.support.fake_backend import FakeBackend

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from proxy.admission import AdmittedHandler
-from proxy.forward import Forwarder
+from proxy.request.entry import Forwarder
+from proxy.serving.admission import AdmittedHandler
 from tests.support.fake_backend import Behaviour, FakeBackend
 from tests.support.servers import fast_settings, running_proxy
 

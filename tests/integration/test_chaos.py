@@ -24,7 +24,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.app import FleetProxyApp
+from proxy.serving.app import FleetProxyApp
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
 from tests.integration.simulator.conftest import eventually

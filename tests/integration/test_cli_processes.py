@@ -80,7 +80,7 @@ class Lines:
 def started(args: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[str], Lines]]:
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", *args],
+            [sys.executable, "-m", "proxy.serving.cli", *args],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -118,7 +118,7 @@ def test_serve_on_a_taken_port_says_so_without_listening(tmp_path: Path) -> None
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "proxy.serving.cli", "serve", "--port", str(port)],
             capture_output=True,
             text=True,
             env=clean_env(),

@@ -1,4 +1,4 @@
-"""The proxy's client-facing HTTP server (proxy/front_door.py) probed on real sockets: header
+"""The proxy's client-facing HTTP server (proxy/serving/front_door.py) probed on real sockets: header
 limits, timeouts before a request is complete, the connection cap, malformed requests; and
 ordinary requests still served as before."""
 
@@ -17,7 +17,7 @@ import httptools
 import httpx
 import pytest
 
-from proxy.app import FleetProxyApp
+from proxy.serving.app import FleetProxyApp
 from tests.support.fake_backend import Behaviour
 from tests.support.servers import fast_settings, running_proxy
 

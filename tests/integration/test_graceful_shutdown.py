@@ -35,7 +35,7 @@ async def serving(
     env["FLEET_PROXY_SCRAPE_INTERVAL"] = "0.05"
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy.cli", "serve", "--port", "0", "--backend", backend,
+            sys.executable, "-m", "proxy.serving.cli", "serve", "--port", "0", "--backend", backend,
             stdout=asyncio.subprocess.PIPE,
             stderr=err,
             env=env,

@@ -17,7 +17,7 @@ from fleet.kv_events import BlockStored
 from fleet.precise_prefix import PrecisePrefixIndex
 from fleet.registry import FleetRegistry
 from fleet.types import BackendSpec
-from proxy.kv_event_loop import KvEventSubscribers
+from proxy.backends.kv_event_subscribers import KvEventSubscribers
 from simulator.kv_events_config import KvEventsConfig
 from simulator.kv_publisher import KvEventPublisher
 from tests.support.kv_events import eventually

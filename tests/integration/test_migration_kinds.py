@@ -1,4 +1,4 @@
-"""The three ways a planned move carries the KV (proxy/move_kinds.py), end to end on real
+"""The three ways a planned move carries the KV (proxy/stream/move_kinds.py), end to end on real
 sockets: simulated engines that transfer KV over their NIXL emulation, a stream moved by
 recompute, hand-over and pre-copy, each token-exact against an unmoved run, and what the
 target engine computed as its own metrics publish it.

@@ -60,7 +60,7 @@ def test_unreachable_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.slow
 def test_profiles_the_simulator(tmp_path: Path) -> None:
     out, plots = tmp_path / "profile.json", tmp_path / "plots"
-    cmd = [sys.executable, "-m", "proxy.cli", "profile-sla", *SLA_FLAGS]
+    cmd = [sys.executable, "-m", "proxy.serving.cli", "profile-sla", *SLA_FLAGS]
     cmd += ["--out", str(out), "--plots", str(plots), "--sim", "cpu-tiny"]
     cmd += ["--isl-factors", "0.5,1,2", "--context-factors", "1", "--max-in-flight", "4"]
     cmd += ["--repeats", "2", "--decode-tokens", "16", "--request-timeout", "30"]
@@ -97,7 +97,7 @@ def test_profiles_the_simulator(tmp_path: Path) -> None:
 def test_an_engine_started_with_an_api_key(tmp_path: Path) -> None:
     """As `vllm serve --api-key`: measured with `--api-key`, refused in one line without it."""
     sim = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "sim", "--base-port=0", "--api-key=k-123"],
+        [sys.executable, "-m", "proxy.serving.cli", "sim", "--base-port=0", "--api-key=k-123"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -106,7 +106,7 @@ def test_an_engine_started_with_an_api_key(tmp_path: Path) -> None:
         assert sim.stdout is not None
         url = sim.stdout.readline().strip()  # printed once it listens
         assert url.startswith("http://127.0.0.1:"), url
-        cmd = [sys.executable, "-m", "proxy.cli", "profile-sla", *SLA_FLAGS, "--url", url]
+        cmd = [sys.executable, "-m", "proxy.serving.cli", "profile-sla", *SLA_FLAGS, "--url", url]
         cmd += ["--isl-factors", "1", "--context-factors", "1", "--max-in-flight", "2"]
         cmd += ["--repeats", "1", "--decode-tokens", "8", "--request-timeout", "30"]
         refused = subprocess.run(

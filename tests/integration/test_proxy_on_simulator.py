@@ -122,7 +122,7 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "proxy.serving.cli",
             "demo",
             "--port",
             str(port),

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.forward import Forwarder
+from proxy.request.entry import Forwarder
 from tests.support.servers import fast_settings, running_proxy
 
 

@@ -229,7 +229,7 @@ async def test_standalone_reschedule_moves_a_running_proxys_requests(fleet: SimF
         tasks, started = await start_streams(client, url, body, 3)
         await asyncio.wait_for(started.wait(), timeout=30)
         assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
-        cmd = [sys.executable, "-m", "proxy.cli", "reschedule", "--proxy", url,
+        cmd = [sys.executable, "-m", "proxy.serving.cli", "reschedule", "--proxy", url,
                "--rescheduling-interval-ms", "100", "--rescheduling-policies", "neutral_failover",
                "--log-level", "warning"]  # fmt: skip
         proc = await asyncio.create_subprocess_exec(*cmd, cwd=REPO, env=dict(os.environ))

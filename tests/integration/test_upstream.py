@@ -1,4 +1,4 @@
-"""proxy.upstream against tiny raw asyncio servers on 127.0.0.1 that write exact bytes.
+"""proxy.backends.upstream against tiny raw asyncio servers on 127.0.0.1 that write exact bytes.
 
 Every test runs on both the default asyncio loop and uvloop (the proxy runs on uvloop).
 """
@@ -16,7 +16,7 @@ import pytest
 import trustme
 import uvloop
 
-from proxy.upstream import UpstreamError, UpstreamPool
+from proxy.backends.upstream import UpstreamError, UpstreamPool
 from tests.support.sockets import unanswering_listener
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -58,7 +58,16 @@ async def serve(
     """A proxy of `workers` processes on a port of its own choosing (read from its banner),
     every worker routing to every backend (or to `routable` backends, when a --config names
     them) before this yields."""
-    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--workers", str(workers), "--port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxy.serving.cli",
+        "serve",
+        "--workers",
+        str(workers),
+        "--port",
+        "0",
+    ]
     cmd += ["--log-level", "warning", *extra]
     for b in backends:
         cmd += ["--backend", b]

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from proxy.kv_transfer import remote_decode_params
+from proxy.backends.kv_transfer import remote_decode_params
 from tests.real_vllm.moves import Read, read_stream
 from tests.real_vllm.tier import Tier, engine_metric, engine_samples, start_proxy
 

@@ -194,7 +194,7 @@ def free_port() -> int:
 
 def fleet_proxy_command() -> list[str]:
     script = Path(sys.executable).with_name("fleet-proxy")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "proxy.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "proxy.serving.cli"]
 
 
 @dataclass

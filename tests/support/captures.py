@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from proxy.splice import event_data
+from proxy.stream.splice import event_data
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "vllm-0.32"
 

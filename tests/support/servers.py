@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from proxy.app import FleetProxyApp, create_app
-from proxy.front_door import uvicorn_config
+from proxy.serving.app import FleetProxyApp, create_app
+from proxy.serving.front_door import uvicorn_config
 from proxy.settings import Settings, load_settings
 
 

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.precise_prefix import PrecisePrefixIndex
-from proxy.app import FleetProxyApp
+from proxy.serving.app import FleetProxyApp
 from simulator.fleet import SimFleet, start_fleet
 from simulator.kv_events_config import parse_kv_events_config
 from simulator.lora import parse_lora_modules

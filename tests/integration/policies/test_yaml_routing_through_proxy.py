@@ -8,7 +8,7 @@ import httpx
 import pytest
 import yaml
 
-from proxy.app import create_app
+from proxy.serving.app import create_app
 from proxy.settings import load_settings
 from simulator.fleet import start_fleet
 from simulator.tokenizer import Tokenizer

@@ -13,7 +13,7 @@ import pytest
 import zmq.asyncio
 
 from fleet.kv_events import AllBlocksCleared, BatchCodec, BlockStored
-from proxy.kv_event_loop import fetch_replay
+from proxy.backends.kv_event_subscribers import fetch_replay
 from simulator.fleet import SimFleet, start_fleet
 from simulator.kv_events_config import parse_kv_events_config
 from simulator.server import EngineServer
@@ -103,7 +103,7 @@ async def test_a_reset_clears_and_a_restart_numbers_from_zero(kv_fleet: SimFleet
 async def test_the_cli_flag_publishes() -> None:
     config = SIM_KV_EVENTS.replace('"tcp://*:0", "topic"', 'null, "topic"')
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.cli", "sim", "--engines", "1", "--base-port", "0",
+        sys.executable, "-m", "proxy.serving.cli", "sim", "--engines", "1", "--base-port", "0",
         "--speed", "20", "--kv-events-config", config,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -5,7 +5,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.types import Role
-from proxy.kv_transfer import remote_decode_params
+from proxy.backends.kv_transfer import remote_decode_params
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
 from tests.integration.simulator.conftest import eventually, post_json

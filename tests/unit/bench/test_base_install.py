@@ -28,7 +28,7 @@ class NoExtra:
         return None
 
 sys.meta_path.insert(0, NoExtra())
-from proxy.cli import main
+from proxy.serving.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -27,7 +27,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from fleet.registry import default_backend_id
 from planner.metrics import PlannerMetrics
-from proxy.core import ProxyCore
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
 from simulator.metrics import SimMetrics
 from simulator.profiles import DEFAULT_PROFILE, load_profile

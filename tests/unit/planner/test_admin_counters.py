@@ -10,7 +10,7 @@ import orjson
 from fleet.types import Backend, BackendSpec, EngineMetrics, MetricsSnapshot, Role
 from planner.admin import BackendStatus, HttpProxyAdmin
 from planner.traffic import BackendReading, RequestCounters
-from proxy.admin import backend_view
+from proxy.control.admin_routes import backend_view
 
 
 async def backends_seen(views: list[dict[str, Any]]) -> list[BackendStatus]:

@@ -1,7 +1,7 @@
 """Autellix's Algorithm 2 (program-aware load balancing), one test class per aspect of it.
 
 The proxy's accounting is played by hand: a dispatch adds one request in flight to the chosen
-backend and a completion removes it, as proxy/forward.py does.
+backend and a completion removes it, as proxy/request/entry.py does.
 """
 
 from __future__ import annotations

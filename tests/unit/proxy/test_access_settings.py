@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.access import ClientKeys
-from proxy.cli import build_settings, main
-from proxy.serve import exposure_warnings
+from proxy.serving.access import ClientKeys
+from proxy.serving.cli import build_settings, main
+from proxy.serving.serve import exposure_warnings
 from proxy.settings import ConfigError, load_settings
 
 

@@ -1,7 +1,7 @@
 """One request's accounting on the backends it runs on: charged, moved, released once."""
 
 from fleet.types import Load
-from proxy.accounting import Dispatch
+from proxy.backends.accounting import Dispatch
 
 
 def test_a_dispatch_moves_between_backends_and_releases_once() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.assemble import Assembler
-from proxy.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
+from proxy.stream.assembled_answer import Assembler
+from proxy.stream.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
 from simulator.openai_api import CHAT as SIM_CHAT
 from simulator.openai_api import ChunkWriter, ParsedRequest, full_response, sse
 from simulator.request import GenerationParams

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from proxy.serving.cli import main
 
 
 def serve_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from proxy.continuation import Movability, continuation_body, movability
+from proxy.stream.continuation import Movability, continuation_body, movability
 
 CHAT = "chat/completions"
 COMPLETIONS = "completions"

@@ -17,9 +17,9 @@ from fleet.discovery import KUBERNETES, STATIC, Desired, Publish
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, BackendSpec, Role
-from proxy.core import ProxyCore
-from proxy.discovery_loop import DiscoveryLoop
-from proxy.peer_sync import PeerSync, SharedChanges
+from proxy.control.discovery_loop import DiscoveryLoop
+from proxy.control.peer_sync import PeerSync, SharedChanges
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from fleet.peer_load import PeerLayout, PeerSegment
-from proxy.app import create_app
-from proxy.cli import build_settings
-from proxy.peer_sync import WorkerSeat
+from proxy.control.peer_sync import WorkerSeat
+from proxy.serving.app import create_app
+from proxy.serving.cli import build_settings
 from proxy.settings import ConfigError, load_settings
 from tests.unit.proxy.test_planner_settings import serve_args
 

@@ -3,7 +3,7 @@
 import pytest
 
 from fleet.types import Load
-from proxy.accounting import Dispatch
+from proxy.backends.accounting import Dispatch
 
 
 def counts(load: Load) -> tuple[int, int, int, int]:

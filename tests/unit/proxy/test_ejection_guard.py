@@ -10,7 +10,7 @@ from typing import Any
 from fleet.clock import FakeClock
 from fleet.live import MoveResult
 from fleet.types import Backend
-from proxy.core import ProxyCore
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
 
 STALL_S = 1.0

@@ -11,9 +11,10 @@ import resource
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy import front_door
-from proxy.app import create_app
-from proxy.front_door import (
+from proxy.metrics import RouterMetrics
+from proxy.serving import front_door
+from proxy.serving.app import create_app
+from proxy.serving.front_door import (
     FD_RESERVE,
     REASONS,
     FrontDoorLimits,
@@ -22,7 +23,6 @@ from proxy.front_door import (
     fit_open_files,
     uvicorn_config,
 )
-from proxy.metrics import RouterMetrics
 from proxy.settings import ConfigError, load_settings
 
 

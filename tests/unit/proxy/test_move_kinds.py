@@ -1,9 +1,9 @@
-"""The cost model that picks how a move carries the KV (proxy/move_kinds.py)."""
+"""The cost model that picks how a move carries the KV (proxy/stream/move_kinds.py)."""
 
 import pytest
 
-from proxy.move_kinds import MoveCosts, choose_kind, predicted_downtime, transfers_kv
 from proxy.settings import load_settings
+from proxy.stream.move_kinds import MoveCosts, choose_kind, predicted_downtime, transfers_kv
 
 COSTS = MoveCosts(
     recompute_s_per_token=1e-4, transfer_s_per_token=1e-5, kv_leg_s=0.02, precopy_min_tokens=2048

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from proxy.errors import ProxyError
-from proxy.openai_request import MAX_NESTING, parse_object
+from proxy.request.body import MAX_NESTING, parse_object
 
 
 def nested(levels: int, *, arrays: bool) -> bytes:

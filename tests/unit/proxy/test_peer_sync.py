@@ -11,7 +11,7 @@ from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from fleet.registry import DuplicateBackend, FleetRegistry
 from fleet.types import BackendSpec, Role
 from policies.loads import in_flight
-from proxy.peer_sync import PeerSync, SharedChanges, spec_from_change, spec_to_change
+from proxy.control.peer_sync import PeerSync, SharedChanges, spec_from_change, spec_to_change
 
 
 def registry(*ids: str) -> FleetRegistry:

@@ -12,8 +12,8 @@ from planner.config import PlannerRole, Topology
 from planner.config_file import load_config
 from planner.connectors import Environment, kubernetes_settings
 from planner.kubernetes import default_selector
-from proxy.app import create_app
-from proxy.cli import _serve_parser, build_settings
+from proxy.serving.app import create_app
+from proxy.serving.cli import _serve_parser, build_settings
 from proxy.settings import ConfigError, load_settings
 from tests.unit.proxy.test_settings_and_cli import serve
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleet.clock import FakeClock
 from fleet.types import EngineMetrics, MetricsSnapshot
 from policies.policy import RequestContext
-from proxy.core import ProxyCore
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
 
 MODEL = "m"

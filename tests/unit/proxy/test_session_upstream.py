@@ -14,13 +14,13 @@ from fleet.clock import FakeClock
 from fleet.live import NotMovable
 from fleet.types import EngineMetrics, MetricsSnapshot
 from policies.policy import RequestContext
-from proxy.continuation import Movability
-from proxy.core import ProxyCore
+from proxy.backends.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from proxy.errors import ProxyError
-from proxy.legs import LegOpener
-from proxy.session import RequestSession
+from proxy.request.legs import LegOpener
+from proxy.request.session import RequestSession
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
-from proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from proxy.stream.continuation import Movability
 
 MODEL = "m"
 ORIGINS = ("http://127.0.0.1:9", "http://127.0.0.1:19")

@@ -90,7 +90,7 @@ def serve(*argv: str) -> subprocess.CompletedProcess[str]:
     """`fleet-proxy serve ARGV` in a fresh process, without this one's FLEET_PROXY_* variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", *argv],
+        [sys.executable, "-m", "proxy.serving.cli", "serve", *argv],
         capture_output=True,
         text=True,
         env=env,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
+from proxy.stream.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
 from simulator.openai_api import CHAT as SIM_CHAT
 from simulator.openai_api import COMPLETIONS as SIM_COMPLETIONS
 from simulator.openai_api import ChunkWriter, ParsedRequest, sse

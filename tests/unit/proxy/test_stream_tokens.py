@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.stream_tokens import EventAligner, TokenLedger
+from proxy.stream.token_ledger import EventAligner, TokenLedger
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "vllm-0.32"
 CAPTURES = {

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from proxy.serving.cli import main
+from proxy.serving.workers import describe_exit
 from proxy.settings import load_settings
-from proxy.workers import describe_exit
 
 
 @pytest.mark.parametrize("value", ["0", "65"])

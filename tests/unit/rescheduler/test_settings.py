@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import build_settings
+from proxy.serving.cli import build_settings
 from proxy.settings import ConfigError, load_settings
 from rescheduler.config import FailoverDomain, ReschedulerConfig, Scope, SelectOrder, SelectRule
 
@@ -85,7 +85,7 @@ def test_with_workers_amounts_are_split_between_them() -> None:
 def test_cli_flags() -> None:
     import argparse
 
-    from proxy.cli import _serve_parser
+    from proxy.serving.cli import _serve_parser
 
     parser = argparse.ArgumentParser()
     _serve_parser(parser.add_subparsers())

@@ -27,14 +27,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import IO, Any, NamedTuple
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 
-if TYPE_CHECKING:
-    from proxy.session import RequestSession
-    from proxy.stream_tokens import TokenLedger
+from proxy.ports import FinishedRequest
 
 # How often the queue is written out; a line appears at most this long after its request.
 FLUSH_EVERY_S = 0.1
@@ -45,37 +43,14 @@ _USAGE = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
 
 
 class _Entry(NamedTuple):
-    """What a line needs, read from the session when its request ends: plain values, so the
-    session's objects are freed at once rather than kept for the cyclic GC to trace."""
+    """One line to write: when the request ended, how long it took, and what it was."""
 
     wall_end: float
     e2e: float
     endpoint: str
     request_id: str
     status: int
-    model: str | None = None
-    stream: bool | None = None
-    backends: list[str] | None = None
-    attempts: int = 0
-    moves: int = 0
-    ttft: float | None = None
-    routed_prompt_tokens: int | None = None
-    answer: bytes | None = None  # an answer relayed whole, for its usage
-    ledger: TokenLedger | None = None  # a tracked stream's token ids
-
-
-class RequestLog(Protocol):
-    """Where the hot path reports each finished request."""
-
-    def record(
-        self,
-        endpoint: str,
-        request_id: str,
-        status: int,
-        arrived: float,
-        session: RequestSession | None,
-    ) -> None:
-        """`arrived`: perf_counter time; `session`: None for a request refused before one."""
+    finished: FinishedRequest | None  # None: refused before a session served it
 
 
 class JsonRequestLog:
@@ -101,9 +76,8 @@ class JsonRequestLog:
             "Request log lines dropped because the queue to the writer was full",
             registry=registry,
         )
-        # Chosen once: with every request logged, no random number per request.
-        if sample_rate < 1.0:
-            self.record = self._record_sampled  # type: ignore[method-assign]
+        # With every request logged, no random number per request.
+        self._every = sample_rate >= 1.0
 
     def open(self) -> None:
         """Open the file (append), or take stderr; an unwritable path stops start-up."""
@@ -113,54 +87,23 @@ class JsonRequestLog:
             self._out = self._path.open("ab")
             self._owned = True
 
+    def sampled(self) -> bool:
+        return self._every or random.random() < self._sample_rate
+
     def record(
         self,
         endpoint: str,
         request_id: str,
         status: int,
         arrived: float,
-        session: RequestSession | None,
+        finished: FinishedRequest | None,
     ) -> None:
         pending = self._pending
         if len(pending) >= self._capacity:
             self._dropped.inc()
             return
         e2e = time.perf_counter() - arrived
-        if session is None:
-            pending.append(_Entry(time.time(), e2e, endpoint, request_id, status))
-            return
-        ctx = session.ctx
-        first = session.first_token_at
-        ledger = session.ledger
-        pending.append(
-            _Entry(
-                time.time(),
-                e2e,
-                endpoint,
-                request_id,
-                status,
-                ctx.model,
-                ctx.stream,
-                [leg.backend.id for leg in session.legs],
-                len(session.tried),
-                session.moves,
-                None if first is None else first - session.arrived,
-                ctx.prompt_tokens,
-                session.answer,
-                ledger if ledger is not None and ledger.token_events else None,
-            )
-        )
-
-    def _record_sampled(
-        self,
-        endpoint: str,
-        request_id: str,
-        status: int,
-        arrived: float,
-        session: RequestSession | None,
-    ) -> None:
-        if random.random() < self._sample_rate:
-            JsonRequestLog.record(self, endpoint, request_id, status, arrived, session)
+        pending.append(_Entry(time.time(), e2e, endpoint, request_id, status, finished))
 
     async def run(self) -> None:
         """Write the queue out every `flush_every` seconds until `stop()`, then the rest."""
@@ -209,31 +152,34 @@ class JsonRequestLog:
 
 def entry_fields(e: _Entry) -> dict[str, Any]:
     arrived = datetime.datetime.fromtimestamp(e.wall_end - e.e2e, datetime.UTC)
-    attempts = e.attempts
+    f = e.finished
+    attempts = f.attempts if f is not None else 0
     fields: dict[str, Any] = {
         "time": arrived.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "request_id": e.request_id,
         "endpoint": e.endpoint,
-        "model": e.model,
-        "stream": e.stream,
+        "model": f.model if f is not None else None,
+        "stream": f.stream if f is not None else None,
         "status": e.status,
-        "backends": e.backends or [],
+        "backends": f.backends if f is not None else [],
         "attempts": attempts,
         "retries": max(0, attempts - 1),
-        "moves": e.moves,
-        "ttft_ms": None if e.ttft is None else round(e.ttft * 1000.0, 3),
+        "moves": f.moves if f is not None else 0,
+        "ttft_ms": None if f is None or f.ttft is None else round(f.ttft * 1000.0, 3),
         "e2e_ms": round(e.e2e * 1000.0, 3),
         "prompt_tokens": None,
         "completion_tokens": None,
-        "routed_prompt_tokens": e.routed_prompt_tokens,
+        "routed_prompt_tokens": f.routed_prompt_tokens if f is not None else None,
         "client_disconnect": e.status == 499,
     }
-    answer = e.answer
+    if f is None:
+        return fields
+    answer = f.answer
     if answer is not None:
         usage = answer.rfind(b'"usage"')
         if usage >= 0:
             for name, value in _USAGE.findall(answer, usage):
                 fields[name.decode()] = int(value)
-    if e.ledger is not None:
-        fields["completion_tokens"] = len(e.ledger.generated)
+    if f.completion_tokens is not None:
+        fields["completion_tokens"] = f.completion_tokens
     return fields

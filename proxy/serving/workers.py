@@ -3,7 +3,7 @@
 A single Python process tops out near one core; the proxy's per-request work is independent
 between requests, so N processes can use N cores, as long as routing still sees the whole
 proxy's load on every backend. The supervisor (this module) creates what the workers
-share (proxy/peer_sync.py):
+share (proxy/control/peer_sync.py):
 - a shared-memory segment with one row of per-backend load per worker (fleet/peer_load.py);
 - a change log for the admin API's fleet changes (fleet/change_log.py), in a temp directory;
 then binds the port (by default each worker listens on its own SO_REUSEPORT socket and the
@@ -40,15 +40,15 @@ from types import FrameType
 from typing import Any, Literal
 
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
-from proxy.front_door import (
+from proxy.control.peer_sync import WorkerSeat
+from proxy.serving.front_door import (
     BACKLOG,
     SHUTDOWN_BACKSTOP_S,
     GracefulServer,
     fit_open_files,
     uvicorn_config,
 )
-from proxy.parent_death import die_with_parent
-from proxy.peer_sync import WorkerSeat
+from proxy.serving.parent_death import die_with_parent
 from proxy.settings import Settings
 
 # How long stopped workers may take, beyond their shutdown grace period and uvicorn's
@@ -101,11 +101,12 @@ def resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
 def worker_main(
     settings_data: dict[str, Any], seat: WorkerSeat, listen: Listen, parent: int
 ) -> None:
-    """One worker process: the same server as `run_serve` in proxy/serve.py, on the shared port."""
+    """One worker process: the same server as `run_serve` (proxy/serving/serve.py), on the
+    shared port."""
     die_with_parent(parent)
     # Ctrl-C reaches the whole process group; the supervisor passes it on as SIGTERM, once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from proxy.app import create_app
+    from proxy.serving.app import create_app
 
     settings = Settings(**settings_data)
     logging.basicConfig(

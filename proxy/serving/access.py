@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Protocol
 
 from proxy.asgi import Receive, Scope, Send, send_error
-from proxy.core import ProxyCore
 from proxy.errors import ProxyError
-from proxy.forward import HOT_ROUTES, Forwarder
+from proxy.request.entry import HOT_ROUTES, Forwarder
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import check_api_key
 
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]

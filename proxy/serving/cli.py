@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from proxy.serve import run_serve
+from proxy.serving.serve import run_serve
 from proxy.settings import ConfigError, Settings, load_settings
 
 
 def _serve_parser(sub: Any) -> None:
-    from proxy.settings_help import settings_epilog
+    from proxy.serving.settings_help import settings_epilog
 
     p = sub.add_parser(
         "serve",
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return profile_sla_main(argv[1:])
     if argv and argv[0] == "demo":
-        from proxy.demo import main as demo_main
+        from proxy.serving.demo import main as demo_main
 
         return demo_main(argv[1:])
 

@@ -29,8 +29,8 @@ from fleet.kube_client import in_cluster_namespace, kube_api
 from fleet.pod_backends import KubernetesSource
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
-from proxy.admin import evacuate_backend
-from proxy.core import ProxyCore
+from proxy.control.admin_routes import evacuate_backend
+from proxy.ports import ControlServices
 
 log = logging.getLogger("fleet_proxy.discovery")
 
@@ -40,7 +40,7 @@ POLL_S = 0.05  # how often a leaving backend's requests are counted
 class DiscoveryLoop:
     def __init__(
         self,
-        core: ProxyCore,
+        core: ControlServices,
         changes: FleetChanges,
         source: DiscoverySource,
         drain_timeout: float,
@@ -126,7 +126,7 @@ class DiscoveryLoop:
 
 @contextlib.asynccontextmanager
 async def kubernetes_discovery(
-    core: ProxyCore, changes: FleetChanges
+    core: ControlServices, changes: FleetChanges
 ) -> AsyncIterator[DiscoveryLoop]:
     """The pod discovery the settings describe, its API client open for as long as this is.
     A kubeconfig that cannot be loaded raises here, at start-up."""

@@ -1,6 +1,6 @@
 """The app factory: `create_app(settings)` builds one proxy; nothing happens at import time.
 
-The OpenAI generation endpoints are served by a raw ASGI handler (proxy/forward.py) placed in
+The OpenAI generation endpoints are served by a raw ASGI handler (proxy/request/entry.py) placed in
 front of the FastAPI app; FastAPI serves the control plane (health, readiness, models, admin,
 metrics, docs) where its conveniences cost nothing that matters.
 """
@@ -27,16 +27,16 @@ from fleet.change_log import ChangeLog
 from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
-from proxy.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
-from proxy.admin import admin_router
-from proxy.admission import AdmissionGate, AdmittedHandler
 from proxy.asgi import Receive, Scope, Send, send_error
-from proxy.core import ProxyCore
-from proxy.discovery_loop import kubernetes_discovery
+from proxy.control.admin_routes import admin_router
+from proxy.control.colocated_planner import ColocatedPlanner
+from proxy.control.discovery_loop import kubernetes_discovery
+from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
-from proxy.forward import HOT_ROUTES, Forwarder
-from proxy.peer_sync import PeerSync, SharedChanges, WorkerSeat
-from proxy.planner_admin import ColocatedPlanner
+from proxy.request.entry import HOT_ROUTES, Forwarder
+from proxy.serving.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
+from proxy.serving.admission import AdmissionGate, AdmittedHandler
+from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
 log = logging.getLogger("fleet_proxy")
@@ -111,7 +111,7 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
 def create_app(
     settings: Settings, clock: Clock | None = None, seat: WorkerSeat | None = None
 ) -> FleetProxyApp:
-    """`seat` makes this app one of several worker processes (proxy/workers.py): it shares
+    """`seat` makes this app one of several worker processes (proxy/serving/workers.py): it shares
     its load and the admin API's fleet changes with the others."""
     # Read here, at start-up: a missing or empty keys file stops the proxy (ValueError).
     keys = client_keys((k.get_secret_value() for k in settings.api_keys), settings.api_keys_file)
@@ -130,7 +130,8 @@ def create_app(
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
     # Settings refuse it with several workers: a drain must see every live request.
     planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
-    # In one process only, its changes shared through the change log (proxy/discovery_loop.py).
+    # In one process only, its changes shared through the change log
+    # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
 
     @asynccontextmanager

@@ -1,4 +1,4 @@
-"""Keeping the proxy's worker processes in step (`--workers N`, see proxy/workers.py).
+"""Keeping the proxy's worker processes in step (`--workers N`, see proxy/serving/workers.py).
 
 Each worker runs one `PeerSync` task. Every `peer_sync_interval` it
 1. applies the fleet changes (admin add / remove / drain / undrain, and discovery's add /

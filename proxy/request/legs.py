@@ -16,8 +16,7 @@ import orjson
 
 from fleet.types import Backend
 from policies.policy import Decision, NoCandidate, RequestContext
-from proxy.core import ProxyCore
-from proxy.disagg import (
+from proxy.backends.disagg import (
     PREFILLER_HEADER,
     PrefillFailed,
     decode_body,
@@ -26,15 +25,15 @@ from proxy.disagg import (
     run_one_token_leg,
     run_prefill_leg,
 )
-from proxy.errors import ProxyError
-from proxy.move_kinds import transfers_kv
-from proxy.upstream import (
-    FailureKind,
+from proxy.backends.upstream import (
     UpstreamError,
     UpstreamResponse,
     failure_kind,
     split_url,
 )
+from proxy.errors import FailureKind, ProxyError
+from proxy.ports import RequestServices
+from proxy.stream.move_kinds import transfers_kv
 
 log = logging.getLogger("fleet_proxy.legs")
 
@@ -81,7 +80,7 @@ class Leg:
         kind: str = "",
     ) -> None:
         self.decision = decision
-        # How a continuation's KV reached it (proxy/move_kinds.py); "" for a first leg.
+        # How a continuation's KV reached it (proxy/stream/move_kinds.py); "" for a first leg.
         self.kind = kind
         self.backend = decision.target
         self.prefill = prefill
@@ -104,7 +103,7 @@ class Leg:
 class LegOpener:
     """What every leg needs from the proxy: the fleet, the policy, the upstream pool."""
 
-    def __init__(self, core: ProxyCore) -> None:
+    def __init__(self, core: RequestServices) -> None:
         self.core = core
         self.settings = core.settings
         self._splits: dict[str, tuple[str, str]] = {}  # backend URL -> (origin, path prefix)

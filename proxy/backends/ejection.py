@@ -22,9 +22,9 @@ from fleet.outliers import (
 )
 from fleet.registry import FleetRegistry
 from fleet.types import Backend
+from proxy.errors import FailureKind
 from proxy.metrics import RouterMetrics
 from proxy.settings import Settings
-from proxy.upstream import FailureKind
 
 log = logging.getLogger("fleet_proxy.ejection")
 

@@ -31,13 +31,13 @@ from fleet.types import Backend
 from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
-from proxy.ejection import EjectionGuard
-from proxy.kv_event_loop import KvEventSubscribers
-from proxy.kv_event_metrics import KvEventsCollector
+from proxy.backends.ejection import EjectionGuard
+from proxy.backends.kv_event_metrics import KvEventsCollector
+from proxy.backends.kv_event_subscribers import KvEventSubscribers
+from proxy.backends.upstream import Upstream, UpstreamPool, split_url
+from proxy.control.request_log import JsonRequestLog
 from proxy.metrics import BackendStateCollector, RouterMetrics
-from proxy.request_log import JsonRequestLog
 from proxy.settings import Settings
-from proxy.upstream import Upstream, UpstreamPool, split_url
 from rescheduler.decide import check_config
 from rescheduler.executor import BoundedExecutor, LocalMover
 from rescheduler.loop import ReschedulerLoop
@@ -163,8 +163,8 @@ class ProxyCore:
         if self.request_log is not None:
             self.request_log.open()  # first: an unwritable log file stops start-up
             self._log_task = asyncio.create_task(self.request_log.run(), name="request-log")
-        # Forwarding uses its own lean client (proxy/upstream.py), never httpx: per request it
-        # costs a fraction of any general-purpose client (docs/performance.md).
+        # Forwarding uses its own lean client (proxy/backends/upstream.py), never httpx: per request
+        # it costs a fraction of any general-purpose client (docs/performance.md).
         # The backends' key goes on every call to them: forwarded requests, prefill and KV
         # legs and moves (the pool), scrapes, health checks, /v1/models, /tokenize (httpx).
         auth = backend_authorization(s)

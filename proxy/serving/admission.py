@@ -20,12 +20,12 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from proxy.access import AsgiApp
 from proxy.asgi import Receive, Scope, Send, send_error
-from proxy.core import ProxyCore
 from proxy.errors import ProxyError
-from proxy.forward import HOT_ROUTES
-from proxy.request_log import RequestLog
+from proxy.ports import RequestLog
+from proxy.request.entry import HOT_ROUTES
+from proxy.serving.access import AsgiApp
+from proxy.serving.wiring import ProxyCore
 
 REJECT_REASONS = ("queue_full", "queue_timeout")
 # What a refused client is told to wait before it tries again.
@@ -165,8 +165,9 @@ class AdmittedHandler:
             await send_error(send, e, "")
             endpoint = HOT_ROUTES[scope["path"]][0]
             self._metrics.count_request(endpoint, e.status)
-            if self._request_log is not None:
-                self._request_log.record(endpoint, "", e.status, arrived, None)
+            request_log = self._request_log
+            if request_log is not None and request_log.sampled():
+                request_log.record(endpoint, "", e.status, arrived, None)
             return
         try:
             await self._inner(scope, receive, send)

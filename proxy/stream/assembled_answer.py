@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from proxy.splice import CHAT, ENDPOINTS, EventBuffer, event_json
+from proxy.stream.splice import CHAT, ENDPOINTS, EventBuffer, event_json
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ The work per request is a few attribute checks: a request that arrives in one re
 timer of its own (a connection arms one header timer when it opens).
 
 `uvicorn_config` is the one serving configuration: `fleet-proxy serve`, each worker process
-(proxy/workers.py) and the tests' real proxy (tests/support/servers.py) all use it.
+(proxy/serving/workers.py) and the tests' real proxy (tests/support/servers.py) all use it.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ from proxy.errors import ProxyError
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from proxy.app import FleetProxyApp
     from proxy.metrics import RouterMetrics
+    from proxy.serving.app import FleetProxyApp
 
 log = logging.getLogger("fleet_proxy.front_door")
 
-# The listen() queue of the proxy's sockets (proxy/workers.py binds its own with it too).
+# The listen() queue of the proxy's sockets (proxy/serving/workers.py binds its own with it too).
 BACKLOG = 4096
 # At most one warning line per this many seconds about refused connections.
 WARN_EVERY_S = 10.0

@@ -2,7 +2,7 @@
 
 The simulator runs as a child process (it gets the machine's other core); the proxy runs in
 this one. Ctrl-C, SIGTERM or SIGHUP stops both; should the demo die without a word (SIGKILL,
-the OOM killer), the kernel sends the simulator SIGTERM (proxy/parent_death.py), so it does
+the OOM killer), the kernel sends the simulator SIGTERM (proxy/serving/parent_death.py), so it does
 not stay behind on its ports.
 """
 
@@ -19,8 +19,8 @@ import sys
 import time
 import urllib.request
 
-from proxy.parent_death import die_with_parent
-from proxy.serve import run_serve
+from proxy.serving.parent_death import die_with_parent
+from proxy.serving.serve import run_serve
 from proxy.settings import ConfigError, load_settings
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
         return 2
 
     sim_cmd = [
-        sys.executable, "-m", "proxy.cli", "sim",
+        sys.executable, "-m", "proxy.serving.cli", "sim",
         "--engines", str(args.engines),
         "--base-port", str(args.sim_base_port),
         "--profile", args.profile,

@@ -3,8 +3,8 @@ serve it.
 
 The session owns what lives as long as the client's request: what was sent to the client, the
 accounting on the backend currently serving it, its entry in the live table, its usage and
-token ledger. Each backend attempt is a `Leg` (proxy/legs.py); moving from one leg to the next
-after the first byte is the session's other half, proxy/moves.py.
+token ledger. Each backend attempt is a `Leg` (proxy/request/legs.py); moving from one leg to the
+next after the first byte is the session's other half, proxy/request/mover.py.
 
 Failure rules:
 - before anything reaches the client (connect error, timeout, a 5xx answer, a connection
@@ -38,17 +38,17 @@ from tenacity import (
 from fleet.live import MoveResult
 from fleet.types import Backend
 from policies.policy import RequestContext
-from proxy.accounting import Dispatch
 from proxy.asgi import Send, response_headers
-from proxy.assemble import Assembler
-from proxy.continuation import Movability
-from proxy.core import ProxyCore
+from proxy.backends.accounting import Dispatch
+from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
 from proxy.errors import ProxyError, openai_not_found
-from proxy.legs import Leg, LegOpener, RetryableUpstream, receipt_header
-from proxy.moves import DONE_EVENT, Break, MoveOrder, SessionMoves
-from proxy.splice import Splicer
-from proxy.stream_tokens import EventAligner, TokenLedger
-from proxy.upstream import UpstreamError, UpstreamResponse, failure_kind
+from proxy.ports import FinishedRequest, RequestServices
+from proxy.request.legs import Leg, LegOpener, RetryableUpstream, receipt_header
+from proxy.request.mover import DONE_EVENT, Break, MoveOrder, SessionMoves
+from proxy.stream.assembled_answer import Assembler
+from proxy.stream.continuation import Movability
+from proxy.stream.splice import Splicer
+from proxy.stream.token_ledger import EventAligner, TokenLedger
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -87,7 +87,7 @@ class RequestSession(SessionMoves):
 
     def __init__(
         self,
-        core: ProxyCore,
+        core: RequestServices,
         opener: LegOpener,
         path: str,
         ctx: RequestContext,
@@ -221,6 +221,23 @@ class RequestSession(SessionMoves):
             "moves": self.moves,
             "legs": [leg.receipt() for leg in self.legs],
         }
+
+    def finished(self) -> FinishedRequest:
+        """What the request log keeps of this request, read as it ends."""
+        ctx = self.ctx
+        first = self.first_token_at
+        ledger = self.ledger
+        return FinishedRequest(
+            ctx.model,
+            ctx.stream,
+            [leg.backend.id for leg in self.legs],
+            len(self.tried),
+            self.moves,
+            None if first is None else first - self.arrived,
+            ctx.prompt_tokens,
+            self.answer,
+            len(ledger.generated) if ledger is not None and ledger.token_events else None,
+        )
 
     def backend_down(self, why: str) -> None:
         if self._opening is not None:

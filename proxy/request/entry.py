@@ -2,7 +2,7 @@
 
 Why not a FastAPI route with httpx: measured here that costs ~14x the CPU per request. This
 handler reads and parses the body once, builds the routing context, and hands the request to
-its session (proxy/session.py), which owns it to the end: legs on backends, relaying, moves.
+its session (proxy/request/session.py), which owns it to the end: legs on backends, relaying, moves.
 
 A client that goes away cancels the session (watched from 50 ms into a request, so within
 50 ms at worst), and closing the upstream connection makes vLLM abort the request.
@@ -21,19 +21,18 @@ import orjson
 from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
-from proxy.continuation import Movability, movability
-from proxy.core import ProxyCore
 from proxy.errors import ProxyError
-from proxy.legs import GENERATION, LegOpener
-from proxy.openai_request import (
+from proxy.ports import RequestLog, RequestServices
+from proxy.request.body import (
     chat_prompt,
     completion_prompt,
     is_stream,
     parse_object,
     require_model,
 )
-from proxy.request_log import RequestLog
-from proxy.session import RequestSession
+from proxy.request.legs import GENERATION, LegOpener
+from proxy.request.session import RequestSession
+from proxy.stream.continuation import Movability, movability
 
 log = logging.getLogger("fleet_proxy.forward")
 
@@ -104,7 +103,7 @@ class _Watch:
 
 
 class Forwarder:
-    def __init__(self, core: ProxyCore) -> None:
+    def __init__(self, core: RequestServices) -> None:
         self.core = core
         self.settings = core.settings
         self.opener = LegOpener(core)
@@ -189,8 +188,9 @@ class Forwarder:
             )
         self.core.metrics.count_request(endpoint, status, model)
         request_log = self._request_log
-        if request_log is not None:
-            request_log.record(endpoint, request_id, status, arrived, session)
+        if request_log is not None and request_log.sampled():
+            finished = session.finished() if session is not None else None
+            request_log.record(endpoint, request_id, status, arrived, finished)
 
     @staticmethod
     def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:

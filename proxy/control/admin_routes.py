@@ -30,9 +30,9 @@ from fleet.live import LiveEntry, NotMovable
 from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
-from proxy.core import ProxyCore
+from proxy.control.peer_sync import PeerSync
 from proxy.errors import ErrorBody
-from proxy.peer_sync import PeerSync
+from proxy.ports import ControlServices
 from proxy.settings import BackendConfig
 from proxy.url_policy import (
     UrlPolicy,
@@ -58,7 +58,7 @@ class MoveOrderBody(BaseModel):
     source: str | None = None
     # How long to wait for the move (default: move_timeout); then it answers `pending`.
     timeout: float | None = Field(default=None, gt=0, le=600)
-    # How the KV moves (proxy/move_kinds.py); None: the `move_kind` setting.
+    # How the KV moves (proxy/stream/move_kinds.py); None: the `move_kind` setting.
     kind: Literal["auto", "recompute", "handover", "precopy"] | None = None
 
 
@@ -102,7 +102,7 @@ class StatusSource(Protocol):
 
 
 async def move_one(
-    core: ProxyCore,
+    core: ControlServices,
     entry: LiveEntry,
     to: Backend | None,
     reason: str,
@@ -122,7 +122,7 @@ async def move_one(
 
 
 async def evacuate_backend(
-    core: ProxyCore,
+    core: ControlServices,
     changes: FleetChanges,
     backend: Backend,
     *,
@@ -148,7 +148,7 @@ async def evacuate_backend(
 
 
 def admin_router(
-    core: ProxyCore,
+    core: ControlServices,
     changes: FleetChanges | None = None,
     sync: PeerSync | None = None,
     planner: StatusSource | None = None,

@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from proxy.stream_tokens import EventAligner
+from proxy.stream.token_ledger import EventAligner
 
 COMPLETIONS = "completions"
 CHAT = "chat/completions"

@@ -37,16 +37,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from proxy.errors import FailureKind
+
 # What went wrong on the wire: this module's own vocabulary, for whoever reads a response.
 UpstreamErrorKind = Literal["connect", "timeout", "disconnect", "protocol", "interrupted"]
-
-# What a failure says about the backend: the one vocabulary of the proxy's failure handling,
-# its `fleet_proxy_upstream_errors` kind label, outcome-based ejection and `last_error`.
-# connect: refused (the backend is down); connect_timeout: no connection in time (busy?);
-# io: the connection broke or timed out while answering; status: a retryable 5xx answer;
-# mid_stream: the stream broke after output reached the client; stalled: it stopped flowing.
-# `failure_kind()` below is the one place an UpstreamError becomes one of these.
-FailureKind = Literal["connect", "connect_timeout", "io", "status", "mid_stream", "stalled"]
 
 # Flow control: pause the socket once this many body bytes wait for the consumer, resume when
 # it has taken them down to the low mark. Large enough that token streams never pause.

@@ -27,14 +27,14 @@ from planner.config import PlannerRole
 from planner.config_file import load_config
 from planner.connectors import Environment, KubernetesOptions, build_connector, kubernetes_settings
 from planner.sla_mode import decider_for
-from proxy.admin import evacuate_backend
-from proxy.core import ProxyCore
+from proxy.control.admin_routes import evacuate_backend
+from proxy.ports import ControlServices
 
 log = logging.getLogger("fleet_proxy.planner")
 
 
 class InProcessAdmin:
-    def __init__(self, core: ProxyCore, changes: FleetChanges) -> None:
+    def __init__(self, core: ControlServices, changes: FleetChanges) -> None:
         self.core = core
         self.changes = changes
 
@@ -102,7 +102,7 @@ class ColocatedPlanner:
     start-up); the connector opens in `run` (a Kubernetes client lives as long as the loop),
     so `status()` says `running: false` until the first state exists."""
 
-    def __init__(self, core: ProxyCore, changes: FleetChanges) -> None:
+    def __init__(self, core: ControlServices, changes: FleetChanges) -> None:
         """ValueError naming what is wrong with the planner's settings or their file."""
         s = core.settings
         try:

@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector
 
 from fleet.clock import Clock
 from fleet.prompt_tokens import PromptTokens
-from proxy.kv_event_loop import KvEventSubscribers
+from proxy.backends.kv_event_subscribers import KvEventSubscribers
 
 
 class KvEventsCollector(Collector):

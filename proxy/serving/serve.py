@@ -56,8 +56,8 @@ def exposure_warnings(settings: Settings) -> list[str]:
 def run_serve(settings: Settings, model: str = "<model>") -> int:
 
     from policies.registry import UnknownPolicy
-    from proxy.app import create_app
-    from proxy.front_door import AnnouncingServer, fit_open_files, uvicorn_config
+    from proxy.serving.app import create_app
+    from proxy.serving.front_door import AnnouncingServer, fit_open_files, uvicorn_config
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -75,7 +75,7 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
     for warning in exposure_warnings(settings):
         log.warning(warning)
     if settings.workers > 1:
-        from proxy.workers import run_workers
+        from proxy.serving.workers import run_workers
 
         return run_workers(settings, lambda port: banner(settings, port, model))
     fit_open_files(settings.client_max_connections)

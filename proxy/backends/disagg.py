@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 import orjson
 
 from fleet.types import Backend
-from proxy.accounting import Dispatch
-from proxy.kv_transfer import remote_decode_params
-from proxy.upstream import Upstream, UpstreamError
+from proxy.backends.accounting import Dispatch
+from proxy.backends.kv_transfer import remote_decode_params
+from proxy.backends.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("fleet_proxy.disagg")
 

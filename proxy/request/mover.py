@@ -2,8 +2,8 @@
 received and continuing it on another backend, after a failure or on purpose.
 
 A continuation is a `/v1/completions` request with the prompt's token ids and the generated
-ones as its prompt (proxy/continuation.py); its stream is rewritten to look like the first
-one (proxy/splice.py). A request that sent nothing to its client yet is simply sent again.
+ones as its prompt (proxy/stream/continuation.py); its stream is rewritten to look like the first
+one (proxy/stream/splice.py). A request that sent nothing to its client yet is simply sent again.
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ from fleet.clock import Clock
 from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
 from policies.policy import Decision, RequestContext
-from proxy.accounting import Dispatch
 from proxy.asgi import Send
-from proxy.assemble import Assembler
-from proxy.continuation import continuation_body
-from proxy.disagg import decode_body
-from proxy.errors import ProxyError, sse_error_event
-from proxy.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream
+from proxy.backends.accounting import Dispatch
+from proxy.backends.disagg import decode_body
+from proxy.backends.upstream import UpstreamResponse
+from proxy.errors import FailureKind, ProxyError, sse_error_event
 from proxy.metrics import RouterMetrics
-from proxy.move_kinds import MoveKind, RequestedKind, choose_kind
+from proxy.request.legs import CALLER_CHOSEN, Leg, LegOpener, RetryableUpstream
 from proxy.settings import Settings
-from proxy.splice import Splicer, StreamIdentity
-from proxy.stream_tokens import TokenLedger
-from proxy.upstream import FailureKind, UpstreamResponse
+from proxy.stream.assembled_answer import Assembler
+from proxy.stream.continuation import continuation_body
+from proxy.stream.move_kinds import MoveKind, RequestedKind, choose_kind
+from proxy.stream.splice import Splicer, StreamIdentity
+from proxy.stream.token_ledger import TokenLedger
 
 log = logging.getLogger("fleet_proxy.moves")
 
@@ -64,7 +64,7 @@ class MoveOrder:
 
 
 class SessionMoves:
-    """Mixed into RequestSession (proxy/session.py), whose state it works on."""
+    """Mixed into RequestSession (proxy/request/session.py), whose state it works on."""
 
     # What a move changes; the rest of the session's state is RequestSession's.
     __slots__ = (
@@ -136,7 +136,7 @@ class SessionMoves:
     ) -> MoveResult:
         """Cut the stream after the last token its client received and continue it on `to`
         (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
-        setting; proxy/move_kinds.py); resolves once the target sent its first token, the
+        setting; proxy/stream/move_kinds.py); resolves once the target sent its first token, the
         move failed, or the request ended first. Raises NotMovable."""
         requested = kind or self._settings.move_kind
         if requested not in _REQUESTED:
