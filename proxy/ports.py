@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from fleet.tokens import TokenCounter
     from policies.policy import Policy
     from proxy.backends.ejection import EjectionGuard
+    from proxy.backends.health import BackendHealth
     from proxy.backends.upstream import Upstream
     from proxy.metrics import RouterMetrics
     from proxy.settings import Settings
@@ -75,7 +76,7 @@ class RequestServices(Protocol):
     @property
     def policy(self) -> Policy: ...
     @property
-    def ejection(self) -> EjectionGuard: ...
+    def health(self) -> BackendHealth: ...
     @property
     def prompt_tokens(self) -> PromptTokens | None: ...
     @property

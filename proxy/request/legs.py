@@ -296,24 +296,18 @@ class LegOpener:
             raise RetryableUpstream(backend, "status", f"HTTP {status}: {detail}")
         return resp
 
-    def failed(self, backend: Backend, kind: FailureKind) -> None:
-        """A leg failed for a reason of the backend's: outcome-based ejection counts it."""
-        self.core.ejection.failed(backend, kind)
-
     def succeeded(self, backend: Backend) -> None:
-        self.core.ejection.succeeded(backend)
+        self.core.health.succeeded(backend)
+
+    def failed_mid_stream(self, backend: Backend, kind: FailureKind, detail: str) -> None:
+        self.core.health.failed_mid_stream(backend, kind, detail)
 
     def note_failure(self, request_id: str, e: RetryableUpstream, attempt: int, age: float) -> None:
-        self.core.metrics.count_upstream_error(e.backend.id, e.kind)
-        self.failed(e.backend, e.kind)
         log.warning(
             "request %s: attempt %d on %s failed after %.2fs (%s): %s",
             request_id, attempt, e.backend.id, age, e.kind, e,
         )  # fmt: skip
-        e.backend.last_error = str(e)
-        if e.kind == "connect":
-            # Passive health: stop sending here until the next health check says otherwise.
-            e.backend.healthy = False
+        self.core.health.failed_before_answer(e.backend, e.kind, str(e))
 
 
 def _unavailable(message: str) -> ProxyError:

@@ -504,10 +504,5 @@ class SessionMoves:
         """Passive ejection: a backend that broke or stalled under a request gets no new ones
         until its next passing health check."""
         kind: FailureKind = "stalled" if brk.kind == "stalled" else "mid_stream"
-        self._metrics.count_upstream_error(backend.id, kind)
-        self._opener.failed(backend, kind)
-        backend.last_error = f"{kind}: {brk.detail}"
         log.warning("request %s: %s %s: %s", self.ctx.request_id, backend.id, kind, brk.detail)
-        if backend.healthy:
-            backend.healthy = False
-            self._metrics.count_passive_ejection(backend.id, kind)
+        self._opener.failed_mid_stream(backend, kind, brk.detail)

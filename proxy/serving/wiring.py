@@ -32,6 +32,7 @@ from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
 from proxy.backends.ejection import EjectionGuard
+from proxy.backends.health import BackendHealth
 from proxy.backends.kv_event_metrics import KvEventsCollector
 from proxy.backends.kv_event_subscribers import KvEventSubscribers
 from proxy.backends.upstream import Upstream, UpstreamPool, split_url
@@ -137,6 +138,7 @@ class ProxyCore:
         PlatformCollector(registry=self.prom)
         GCCollector(registry=self.prom)
         self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
+        self.health = BackendHealth(self.live, self.metrics, self.ejection)
         self.policy.bind_metrics(self.prom, self.routable_pools)
         self.fleet.on_removed(self.policy.on_backend_removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
@@ -200,19 +202,13 @@ class ProxyCore:
             models_interval=s.models_interval,
             timeout=s.scrape_timeout,
             unhealthy_after=s.unhealthy_after,
-            on_down=self._backend_down,
+            on_down=self.health.found_down,
             health_path=s.health_check_path,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
         self._tasks.append(asyncio.create_task(self.ejection.run(), name="ejection"))
         if self.rescheduler is not None:
             self._tasks.append(asyncio.create_task(self.rescheduler.run(), name="rescheduler"))
-
-    def _backend_down(self, backend: Backend) -> None:
-        """A health check took `backend` out: its live requests leave it now rather than wait
-        out `read_timeout` (moved, or sent again where nothing reached the client yet)."""
-        for entry in self.live.on_backend(backend.id):
-            entry.backend_down("its backend was found down by a health check")
 
     def _forget_backend(self, backend_id: str) -> None:
         if self.upstream is not None:
