@@ -31,10 +31,8 @@ class FleetChanges(Protocol):
 
 
 def add_backend(fleet: FleetRegistry, spec: BackendSpec) -> Backend:
-    backend = fleet.add(spec)
     # Not routable until its first health check, models and scrape: the scraper does them.
-    backend.healthy = False
-    return backend
+    return fleet.add(spec, unchecked=True)
 
 
 class LocalChanges:

@@ -1,7 +1,8 @@
 """Fleet membership and the latest state of every backend.
 
 The registry is the one owner of `Backend` objects. The proxy dispatches through them, the
-scraper writes their snapshots and health, the admin API adds, removes and drains them.
+scraper writes their snapshots, the owner of backend health (proxy/backends/health.py) their
+health and ejections, the admin API adds, removes and drains them.
 A removed backend keeps serving the requests already sent to it (they hold a reference);
 it only stops receiving new ones.
 """
@@ -40,10 +41,12 @@ class FleetRegistry:
     def get(self, backend_id: str) -> Backend | None:
         return self._backends.get(backend_id)
 
-    def add(self, spec: BackendSpec) -> Backend:
+    def add(self, spec: BackendSpec, *, unchecked: bool = False) -> Backend:
+        """`unchecked`: the backend starts out of routing, until its first passing health
+        check (one added while the proxy runs); otherwise it is presumed healthy."""
         if spec.id in self._backends:
             raise DuplicateBackend(f"backend {spec.id!r} is already registered")
-        backend = Backend(spec=spec)
+        backend = Backend(spec=spec, healthy=not unchecked)
         self._backends[spec.id] = backend
         return backend
 

@@ -1,26 +1,24 @@
 """Background polling of every backend's /metrics, health path (/health) and /v1/models.
 
 One loop per backend, so a slow or hung backend never delays the others' snapshots.
-Failures never raise out of a loop: they mark the backend (unhealthy or stale) and the
-next success brings it back.
+Failures never raise out of a loop: a health check's result goes to the owner of backend
+health (`HealthReports`, fleet/health.py), which takes the backend out or brings it back; a
+failed scrape leaves the snapshot to go stale.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import Callable
 
 import httpx
 import orjson
 
 from fleet.clock import Clock
+from fleet.health import HealthReports
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, EngineMetrics, MetricsSnapshot
 from fleet.vllm_metrics import parse_engine_metrics
-
-log = logging.getLogger("fleet.scrape")
 
 
 class Scraper:
@@ -30,12 +28,11 @@ class Scraper:
         client: httpx.AsyncClient,
         clock: Clock,
         *,
+        health: HealthReports,
         interval: float = 0.2,
         health_interval: float = 1.0,
         models_interval: float = 10.0,
         timeout: float = 1.0,
-        unhealthy_after: int = 2,
-        on_down: Callable[[Backend], None] | None = None,
         health_path: str = "/health",
     ) -> None:
         self.registry = registry
@@ -45,13 +42,7 @@ class Scraper:
         self.health_interval = health_interval
         self.models_interval = models_interval
         self.timeout = timeout
-        # Consecutive failed health checks before a backend is taken out: one slow answer
-        # while this process is busy should not empty the fleet. (A refused connection on
-        # the request path takes a backend out at once; see proxy/request/entry.py.)
-        self.unhealthy_after = unhealthy_after
-        self._failures: dict[str, int] = {}
-        # Told when a health check takes a backend out, so requests on it need not wait.
-        self._on_down = on_down
+        self.health = health
         # vLLM answers /health; a gateway or another engine in front may check another path.
         self.health_path = health_path
         self._loops: dict[str, tuple[Backend, asyncio.Task[None]]] = {}  # by backend id
@@ -77,7 +68,6 @@ class Scraper:
             # loop would poll the object nobody routes to any more.
             if current.get(backend_id) is not polled or task.done():
                 self._loops.pop(backend_id)[1].cancel()
-                self._failures.pop(backend_id, None)
         for backend_id, backend in current.items():
             if backend_id not in self._loops:
                 task = asyncio.create_task(self._poll(backend), name=f"scrape:{backend_id}")
@@ -104,23 +94,13 @@ class Scraper:
     async def check_health(self, backend: Backend) -> None:
         try:
             r = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
-            ok = r.status_code == 200
-            if not ok:
-                backend.last_error = f"{self.health_path} answered {r.status_code}"
         except httpx.HTTPError as e:
-            ok = False
-            backend.last_error = f"{self.health_path} failed: {type(e).__name__}: {e}"
-        failures = 0 if ok else self._failures.get(backend.id, 0) + 1
-        self._failures[backend.id] = failures
-        healthy = ok or (backend.healthy and failures < self.unhealthy_after)
-        if healthy != backend.healthy:
-            log.warning("backend %s is now %s", backend.id, "healthy" if healthy else "unhealthy")
-        # Told when the checks cross the threshold, even if a request had already taken the
-        # backend out (passive ejection): its other requests must still leave it.
-        went_down = not ok and failures == self.unhealthy_after
-        backend.healthy = healthy
-        if went_down and self._on_down is not None:
-            self._on_down(backend)
+            self.health.check_failed(backend, f"{self.health_path} failed: {type(e).__name__}: {e}")
+            return
+        if r.status_code == 200:
+            self.health.check_passed(backend)
+        else:
+            self.health.check_failed(backend, f"{self.health_path} answered {r.status_code}")
 
     async def learn_models(self, backend: Backend) -> None:
         try:

@@ -1,14 +1,15 @@
-"""Outcome-based ejection, wired to the proxy: requests report how their backends did, a
-background loop ends ejections and finds stalled backends. The decisions are
-fleet/outliers.py's; this applies them to the backends, the log and the metrics.
+"""Outcome-based ejection for this process: requests report how their backends did, each tick
+ends ejections and finds stalled backends. The decisions are fleet/outliers.py's; the guard
+keeps their state and says what to do, and the owner of backend health
+(proxy/backends/health.py) applies it to the backends, the metrics and the live requests.
 
 With `--workers N` each worker process judges the backends by its own requests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from typing import NamedTuple
 
 from fleet.clock import Clock
 from fleet.live import LiveTable
@@ -16,32 +17,36 @@ from fleet.outliers import (
     BackendActivity,
     CapReached,
     Eject,
+    EjectionState,
     OutlierDetector,
     OutlierSettings,
+    Restore,
     stalled_backends,
 )
 from fleet.registry import FleetRegistry
 from fleet.types import Backend
 from proxy.errors import FailureKind
-from proxy.metrics import RouterMetrics
 from proxy.settings import Settings
 
 log = logging.getLogger("fleet_proxy.ejection")
 
-# How often ejections are ended and stalls looked for.
-TICK_S = 0.25
 # A refused ejection (the fleet-share cap) is logged at most this often per backend.
 CAP_LOG_EVERY_S = 10.0
 
 
+class EjectionTick(NamedTuple):
+    """What one tick found."""
+
+    ended: list[Restore]  # ejections over: those backends are back in routing
+    ejected: list[tuple[Backend, Eject]]  # stalled backends to take out now
+    # Out already for a stall, yet a request waits there: one that was still connecting
+    # when the ejection freed the others. It leaves now, not after read_timeout.
+    stalled_out: list[Backend]
+
+
 class EjectionGuard:
     def __init__(
-        self,
-        settings: Settings,
-        fleet: FleetRegistry,
-        live: LiveTable,
-        metrics: RouterMetrics,
-        clock: Clock,
+        self, settings: Settings, fleet: FleetRegistry, live: LiveTable, clock: Clock
     ) -> None:
         self.enabled = settings.outlier_detection
         self.stall_after = settings.stall_timeout
@@ -56,62 +61,52 @@ class EjectionGuard:
         )
         self.fleet = fleet
         self.live = live
-        self.metrics = metrics
         self.clock = clock
         self._cap_logged: dict[str, float] = {}
         fleet.on_removed(self._forget)
 
+    def state(self, backend_id: str) -> EjectionState | None:
+        """The backend's ejection now, if it is ejected."""
+        return self.detector.state(backend_id)
+
     # --- what requests report
 
-    def failed(self, backend: Backend, kind: FailureKind) -> None:
-        """A request failed on `backend` (5xx, connection, stream cut or stalled)."""
+    def failed(self, backend: Backend, kind: FailureKind) -> Eject | None:
+        """A request failed on `backend` (5xx, connection, stream cut or stalled): the
+        ejection to apply, if that made one."""
         if not self.enabled:
-            return
+            return None
         now = self.clock.now()
         action = self.detector.failure(backend.id, kind, now, len(self.fleet))
-        if action is not None:
-            self._apply(backend, action, now)
+        return None if action is None else self._allowed(backend, action, now)
 
     def succeeded(self, backend: Backend) -> None:
         """A request got its first output (or its whole answer) from `backend`."""
         if self.enabled:
             self.detector.success(backend.id)
 
-    # --- the loop
+    # --- the loop's tick
 
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(TICK_S)
-            try:
-                self.tick()
-            except Exception:  # one bad tick must not end ejection for good
-                log.exception("ejection tick failed")
-
-    def tick(self) -> None:
+    def tick(self) -> EjectionTick:
+        found = EjectionTick([], [], [])
         if not self.enabled:
-            return
+            return found
         now = self.clock.now()
-        for restore in self.detector.due(now):
-            backend = self.fleet.get(restore.backend_id)
-            if backend is not None:
-                backend.ejected_until = 0.0
-            log.warning(
-                "backend %s is back in routing after its ejection (%s), on probation",
-                restore.backend_id, restore.reason,
-            )  # fmt: skip
+        found.ended.extend(self.detector.due(now))
         for backend_id in stalled_backends(self._activity(), now, self.stall_after):
             backend = self.fleet.get(backend_id)
             if backend is None:
                 continue
             action = self.detector.stalled(backend_id, now, len(self.fleet))
             if action is not None:
-                self._apply(backend, action, now)
+                eject = self._allowed(backend, action, now)
+                if eject is not None:
+                    found.ejected.append((backend, eject))
                 continue
             state = self.detector.state(backend_id)
             if state is not None and state.reason == "stalled":
-                # Out already, yet a request waits there: one that was still connecting when
-                # the ejection freed the others. It leaves now, not after read_timeout.
-                self._free(backend, "its backend stalled")
+                found.stalled_out.append(backend)
+        return found
 
     def _activity(self) -> list[BackendActivity]:
         waits: dict[str, float] = {}
@@ -136,7 +131,7 @@ class EjectionGuard:
             )
         return out
 
-    def _apply(self, backend: Backend, action: Eject | CapReached, now: float) -> None:
+    def _allowed(self, backend: Backend, action: Eject | CapReached, now: float) -> Eject | None:
         if isinstance(action, CapReached):
             last = self._cap_logged.get(backend.id, -CAP_LOG_EVERY_S)
             if now - last >= CAP_LOG_EVERY_S:
@@ -146,21 +141,8 @@ class EjectionGuard:
                     "ejected already, the most outlier_max_ejected_fraction allows",
                     backend.id, action.reason, action.ejected,
                 )  # fmt: skip
-            return
-        backend.ejected_until = action.until
-        self.metrics.count_ejection(backend.id, action.reason)
-        log.warning(
-            "backend %s ejected for %.0fs (%s; ejection %d in a row)",
-            backend.id, action.until - now, action.reason, action.ejections,
-        )  # fmt: skip
-        if action.reason == "stalled":
-            # Its requests would wait out read_timeout: they leave it now (sent again where
-            # nothing reached the client, continued elsewhere where something did).
-            self._free(backend, "its backend stalled")
-
-    def _free(self, backend: Backend, why: str) -> None:
-        for entry in self.live.on_backend(backend.id):
-            entry.backend_down(why)
+            return None
+        return action
 
     def _forget(self, backend_id: str) -> None:
         self.detector.forget(backend_id)

@@ -31,7 +31,6 @@ from fleet.types import Backend
 from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
-from proxy.backends.ejection import EjectionGuard
 from proxy.backends.health import BackendHealth
 from proxy.backends.kv_event_metrics import KvEventsCollector
 from proxy.backends.kv_event_subscribers import KvEventSubscribers
@@ -137,8 +136,8 @@ class ProxyCore:
         ProcessCollector(registry=self.prom)
         PlatformCollector(registry=self.prom)
         GCCollector(registry=self.prom)
-        self.ejection = EjectionGuard(settings, self.fleet, self.live, self.metrics, self.clock)
-        self.health = BackendHealth(self.live, self.metrics, self.ejection)
+        self.health = BackendHealth(settings, self.fleet, self.live, self.metrics, self.clock)
+        self.ejection = self.health.ejection  # read by the admin API
         self.policy.bind_metrics(self.prom, self.routable_pools)
         self.fleet.on_removed(self.policy.on_backend_removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
@@ -201,12 +200,11 @@ class ProxyCore:
             health_interval=s.health_interval,
             models_interval=s.models_interval,
             timeout=s.scrape_timeout,
-            unhealthy_after=s.unhealthy_after,
-            on_down=self.health.found_down,
+            health=self.health,
             health_path=s.health_check_path,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
-        self._tasks.append(asyncio.create_task(self.ejection.run(), name="ejection"))
+        self._tasks.append(asyncio.create_task(self.health.run(), name="ejection"))
         if self.rescheduler is not None:
             self._tasks.append(asyncio.create_task(self.rescheduler.run(), name="rescheduler"))
 

@@ -1,4 +1,5 @@
-"""The scraper against HTTP answers faked with respx (httpx is its client)."""
+"""The scraper against HTTP answers faked with respx (httpx is its client). Its health checks
+report to an owner of backend health, faked here by one that records the reports."""
 
 import httpx
 import respx
@@ -6,22 +7,36 @@ import respx
 from fleet.clock import FakeClock
 from fleet.registry import FleetRegistry
 from fleet.scrape import Scraper
-from fleet.types import BackendSpec, EngineMetrics, MetricsSnapshot
+from fleet.types import Backend, BackendSpec, EngineMetrics, MetricsSnapshot
 
 METRICS = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 5\n'
 
 
-def make() -> tuple[FleetRegistry, Scraper, FakeClock, httpx.AsyncClient]:
+class RecordedHealth:
+    """A `HealthReports` that keeps each report as (backend id, detail; "" for a pass)."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[str, str]] = []
+
+    def check_passed(self, backend: Backend) -> None:
+        self.reports.append((backend.id, ""))
+
+    def check_failed(self, backend: Backend, detail: str) -> None:
+        self.reports.append((backend.id, detail))
+
+
+def make() -> tuple[FleetRegistry, Scraper, FakeClock, httpx.AsyncClient, RecordedHealth]:
     clock = FakeClock()
     fleet = FleetRegistry(stale_after=1.0)
     fleet.add(BackendSpec(id="a", url="http://a.test"))
     client = httpx.AsyncClient()
-    return fleet, Scraper(fleet, client, clock), clock, client
+    health = RecordedHealth()
+    return fleet, Scraper(fleet, client, clock, health=health), clock, client, health
 
 
 @respx.mock
 async def test_health_models_and_metrics_make_a_backend_routable() -> None:
-    fleet, scraper, clock, client = make()
+    fleet, scraper, clock, client, health = make()
     respx.get("http://a.test/health").respond(200)
     respx.get("http://a.test/v1/models").respond(json={"data": [{"id": "m"}]})
     respx.get("http://a.test/metrics").respond(text=METRICS)
@@ -29,6 +44,7 @@ async def test_health_models_and_metrics_make_a_backend_routable() -> None:
     assert b is not None
     assert fleet.candidates("m", clock.now()) == []
     await scraper.check_health(b)
+    assert health.reports == [("a", "")]
     await scraper.learn_models(b)
     await scraper.scrape_metrics(b)
     assert b.spec.models == ("m",)
@@ -56,43 +72,40 @@ def test_stale_backends_get_no_requests_while_others_are_fresh() -> None:
 
 
 @respx.mock
-async def test_one_failed_health_check_is_tolerated_two_take_a_backend_out() -> None:
-    fleet, scraper, _, client = make()
+async def test_each_health_check_is_reported_and_changes_no_health_itself() -> None:
+    fleet, scraper, _, client, health = make()
     b = fleet.get("a")
     assert b is not None
     route = respx.get("http://a.test/health")
-    route.mock(side_effect=httpx.ReadTimeout("slow"))
-    await scraper.check_health(b)
-    assert b.healthy
-    await scraper.check_health(b)
-    assert not b.healthy
-    route.mock(return_value=httpx.Response(200))
-    await scraper.check_health(b)
-    assert b.healthy
-    route.mock(side_effect=httpx.ReadTimeout("slow"))
-    await scraper.check_health(b)  # the count starts again after a success
-    assert b.healthy
+    for answer in (
+        httpx.Response(503),
+        httpx.ReadTimeout("slow"),
+        httpx.Response(200),
+        httpx.ConnectError("refused"),
+    ):
+        route.mock(side_effect=[answer])
+        await scraper.check_health(b)
+    assert health.reports == [
+        ("a", "/health answered 503"),
+        ("a", "/health failed: ReadTimeout: slow"),
+        ("a", ""),
+        ("a", "/health failed: ConnectError: refused"),
+    ]
+    assert b.healthy and b.last_error == ""  # the owner of backend health decides
     await client.aclose()
 
 
 @respx.mock
-async def test_failed_health_and_scrape_errors_are_recorded_not_raised() -> None:
-    fleet, scraper, _, client = make()
-    respx.get("http://a.test/health").mock(side_effect=httpx.ConnectError("refused"))
+async def test_scrape_errors_are_recorded_not_raised() -> None:
+    fleet, scraper, _, client, _ = make()
     respx.get("http://a.test/metrics").respond(500)
     respx.get("http://a.test/v1/models").respond(text="not json")
     b = fleet.get("a")
     assert b is not None
-    await scraper.check_health(b)
-    await scraper.check_health(b)
-    assert not b.healthy and "ConnectError" in b.last_error
     await scraper.scrape_metrics(b)
     assert b.snapshot is None and "/metrics failed" in b.last_error
     await scraper.learn_models(b)
     assert b.spec.models == () and "/v1/models failed" in b.last_error
-    respx.get("http://a.test/health").respond(200)
-    await scraper.check_health(b)
-    assert b.healthy
     await client.aclose()
 
 
@@ -114,7 +127,7 @@ def test_candidates_and_routable_apply_one_rule() -> None:
 
 @respx.mock
 async def test_lora_adapters_are_learned_from_their_parent_and_forgotten_with_the_backend() -> None:
-    fleet, scraper, _, client = make()
+    fleet, scraper, _, client, _ = make()
     fleet.add(BackendSpec(id="b", url="http://b.test"))
     models = respx.get("http://a.test/v1/models")
     models.respond(json={"data": [{"id": "m", "parent": None}, {"id": "sql", "parent": "m"}]})
