@@ -27,6 +27,7 @@ from proxy.url_policy import UrlPolicy, refuse_kv_events_reason, refuse_reason
 def backend_view(
     b: Backend, now: float, stale_after: float, ejection: EjectionState | None = None
 ) -> dict[str, Any]:
+    """A backend as the admin API shows it (and `HttpProxyAdmin` reads it)."""
     snap = b.snapshot
     return {
         "id": b.id,

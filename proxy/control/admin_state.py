@@ -19,6 +19,8 @@ from rescheduler.wire import view_to_json
 
 
 class StatusSource(Protocol):
+    """What GET /admin/planner reads of the colocated planner."""
+
     def status(self) -> dict[str, Any]: ...
 
 
