@@ -10,7 +10,7 @@ workers the fleet should have, from the load the proxy observes (docs/planner.md
 Those are pure: no I/O, no clock. The runtime around them:
 
 - `planner.connector`: `Connector`, how workers come and go (`FakeConnector` for tests);
-- `planner.admin`: `ProxyAdmin`, the proxy's admin API as the planner uses it;
+- `planner.proxy_admin`: `ProxyAdmin`, the planner's client of the proxy's admin API;
 - `planner.drain`: which worker to remove and how to drain it without cutting a request;
 - `planner.local`: `LocalConnector`, workers as local processes;
 - `planner.loop`: `PlannerLoop`, pull, decide, apply;

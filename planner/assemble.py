@@ -13,7 +13,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from planner.admin import ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole
 from planner.connector import Connector
 from planner.connectors import backend_roles
@@ -21,6 +20,7 @@ from planner.events import FanOut, Journal, PlannerEvents
 from planner.local import LocalSettings
 from planner.loop import PlannerLoop
 from planner.metrics import PlannerMetrics
+from planner.proxy_admin import ProxyAdmin
 from planner.tensorboard import TensorBoardEvents
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from fleet.kube import ScaleTarget
 from fleet.kube_client import in_cluster_namespace, kube_api
 from fleet.types import Role
-from planner.admin import ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole
 from planner.connector import Connector
 from planner.events import PlannerEvents
 from planner.kubernetes import KubernetesConnector, KubernetesSettings, KubeRole, default_selector
 from planner.local import LocalConnector, LocalSettings
+from planner.proxy_admin import ProxyAdmin
 
 
 class Environment(StrEnum):

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fleet.clock import Clock
-from planner.admin import ProxyAdmin
 from planner.connector import WorkerInfo
+from planner.proxy_admin import ProxyAdmin
 
 Sleep = Callable[[float], Awaitable[None]]
 

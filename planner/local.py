@@ -31,12 +31,12 @@ import httpx
 
 from fleet.clock import Clock, SystemClock
 from fleet.types import Role
-from planner.admin import ProxyAdmin
 from planner.config import PlannerRole
 from planner.connector import WorkerInfo
 from planner.drain import DrainReport, choose_victim, drain, drained_or_raise, live_tokens
 from planner.drain import DrainTimeout as DrainTimeout  # where callers have caught it
 from planner.events import NoEvents, PlannerEvents
+from planner.proxy_admin import ProxyAdmin
 
 log = logging.getLogger("fleet_proxy.planner")
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.clock import Clock, SystemClock
-from planner.admin import BackendStatus, ProxyAdmin
 from planner.config import PlannerConfig, PlannerRole, check_config
 from planner.connector import Connector
 from planner.decide import Decision, PlannerState, advance, change_done
 from planner.events import Journal, NoEvents, PlannerEvents
 from planner.observe import Sample, WorkerLoad, sample
 from planner.profile_file import SlaProfiles
+from planner.proxy_admin import BackendStatus, ProxyAdmin
 from planner.sla_mode import Decider, decider_for
 
 log = logging.getLogger("fleet_proxy.planner")

@@ -17,13 +17,13 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
-from planner.admin import HttpProxyAdmin, admin_client
 from planner.assemble import build_planner, local_settings, observers
 from planner.config import PlannerConfig, PlannerRole
 from planner.config_file import config_fields, load_config
 from planner.connectors import Environment, build_connector, kubernetes_settings
 from planner.kube_flags import add_kubernetes_flags, kubernetes_options
 from planner.local import LocalSettings
+from planner.proxy_admin import HttpProxyAdmin, admin_client
 from planner.sla_mode import decider_for
 from planner.status_server import serving_status
 

@@ -47,7 +47,10 @@ class Executor(Protocol):
 
 
 class LocalMover:
-    """Moves this process's own live requests (each worker process has its own table)."""
+    """Moves this process's own live requests (each worker process has its own table).
+
+    The checks of the admin API's move (proxy/control/operations.py `move_one`), written here
+    because the rescheduler does not import the proxy; the timeout is the executor's."""
 
     def __init__(self, live: LiveTable, fleet: FleetRegistry) -> None:
         self.live = live

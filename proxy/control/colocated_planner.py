@@ -1,6 +1,9 @@
-"""The planner inside `fleet-proxy serve` (`planner_enabled`): `InProcessAdmin`, the planner's
-`ProxyAdmin` on this proxy's own registry and live-request table, changing the fleet through
-the same code the admin API uses (no HTTP to itself), and `ColocatedPlanner`.
+"""The autoscaling planner run inside `fleet-proxy serve` (`planner_enabled`), and the admin it
+drives: `ColocatedPlanner`, the planner loop with its connector, and `InProcessAdmin`, its
+`ProxyAdmin` (planner/proxy_admin.py) on this proxy's own registry and live-request table,
+changing the fleet through proxy/control/operations.py, as the admin API does (no HTTP to
+itself, no admin token). `fleet-proxy plan` runs the same planner beside a proxy instead,
+through its admin API (`HttpProxyAdmin`).
 
 Its workers are local processes (planner/local.py), or the pods of a Deployment or StatefulSet
 per role (`planner_environment: kubernetes`, planner/kubernetes.py); either outlives the proxy
@@ -19,21 +22,23 @@ from typing import Any
 import yaml
 
 from fleet.changes import FleetChanges
-from fleet.discovery import ADMIN
 from fleet.types import BackendSpec, Role
-from planner.admin import BackendStatus, LiveRequest
 from planner.assemble import Planner, build_planner, local_settings, observers
 from planner.config import PlannerRole
 from planner.config_file import load_config
 from planner.connectors import Environment, KubernetesOptions, build_connector, kubernetes_settings
+from planner.proxy_admin import BackendStatus, LiveRequest
 from planner.sla_mode import decider_for
-from proxy.control.admin_routes import evacuate_backend
+from proxy.control import operations
 from proxy.ports import ControlServices
 
 log = logging.getLogger("fleet_proxy.planner")
 
 
 class InProcessAdmin:
+    """The planner's `ProxyAdmin` inside the proxy: a missing backend is a KeyError
+    (`NoBackend`), where `HttpProxyAdmin` sees a 404."""
+
     def __init__(self, core: ControlServices, changes: FleetChanges) -> None:
         self.core = core
         self.changes = changes
@@ -62,28 +67,21 @@ class InProcessAdmin:
         ]
 
     async def add_backend(self, backend_id: str, url: str, role: Role) -> None:
-        # Tagged as the admin API's own adds: discovery's reconciling leaves them alone.
-        await self.changes.add(BackendSpec(id=backend_id, url=url, role=role, source=ADMIN))
+        await operations.add_backend(self.changes, BackendSpec(id=backend_id, url=url, role=role))
 
     async def drain(self, backend_id: str) -> None:
-        await self._set_draining(backend_id, True)
+        await operations.set_draining(self.changes, backend_id, True)
 
     async def undrain(self, backend_id: str) -> None:
-        await self._set_draining(backend_id, False)
+        await operations.set_draining(self.changes, backend_id, False)
 
     async def evacuate(self, backend_id: str) -> dict[str, int]:
-        backend = self.core.fleet.get(backend_id)
-        if backend is None:
-            raise KeyError(f"no backend {backend_id!r}")
-        result = await evacuate_backend(self.core, self.changes, backend)
+        backend = operations.known_backend(self.core.fleet, backend_id)
+        result = await operations.evacuate_backend(self.core, self.changes, backend)
         return dict(result["outcomes"])
 
     async def remove_backend(self, backend_id: str) -> None:
-        await self.changes.remove(backend_id)  # already gone is what was wanted
-
-    async def _set_draining(self, backend_id: str, draining: bool) -> None:
-        if await self.changes.set_draining(backend_id, draining) is None:
-            raise KeyError(f"no backend {backend_id!r}")
+        await operations.remove_backend(self.changes, backend_id)  # already gone is what was wanted
 
 
 def _by_role(prefill: str | None, decode: str | None) -> dict[PlannerRole, str]:
@@ -138,11 +136,7 @@ class ColocatedPlanner:
             try:  # targets and selectors, before start-up goes on
                 kubernetes_settings(self.kubernetes, self.config)
             except ValueError as e:
-                # The message names the flags of `fleet-proxy plan`: say the settings' names.
-                named = re.sub(
-                    r"--([a-z-]+)", lambda m: "planner_" + m[1].replace("-", "_"), str(e)
-                )
-                raise ValueError(f"planner_environment kubernetes: {named}") from None
+                raise ValueError(f"planner_environment kubernetes: {_setting_names(e)}") from None
         self.admin = InProcessAdmin(core, changes)
         self.observers = observers(core.prom, s.planner_log_dir)
         self.planner: Planner | None = None

@@ -9,7 +9,7 @@ log like the admin API's; the other workers apply them in log order. Every worke
 its own would apply the same pod changes at different moments and hand out different slots.
 
 A backend leaves in steps, nothing aborted: drained (no new requests, in every worker), its
-movable live requests moved elsewhere (`evacuate_backend`, what
+movable live requests moved elsewhere (proxy/control/operations.py `evacuate_backend`, what
 POST /admin/backends/{id}/evacuate does), then removed once no worker has a request on it or
 `discovery_drain_timeout` has passed (a removed backend still finishes what it was sent). A
 replacement under the same id (a new pod uid or IP) is added once the old one is removed.
@@ -29,7 +29,7 @@ from fleet.kube_client import in_cluster_namespace, kube_api
 from fleet.pod_backends import KubernetesSource
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
-from proxy.control.admin_routes import evacuate_backend
+from proxy.control.operations import evacuate_backend
 from proxy.ports import ControlServices
 
 log = logging.getLogger("fleet_proxy.discovery")

@@ -24,9 +24,9 @@ from fleet.clock import SystemClock
 from fleet.kube import DELETION_COST, EventType, Gone, ScaleTarget, WatchEvent
 from fleet.kube_client import kube_api
 from fleet.pod_watch import PodWatcher
-from planner.admin import LiveRequest
 from planner.config import PlannerRole
 from planner.kubernetes import KubernetesConnector, KubernetesSettings, KubeRole
+from planner.proxy_admin import LiveRequest
 from tests.support.kube_controller import ReplicaSetController
 from tests.unit.planner.fake_admin import FakeAdmin
 

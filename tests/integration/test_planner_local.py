@@ -23,10 +23,10 @@ import orjson
 import pytest
 
 from fleet.types import Role
-from planner.admin import HttpProxyAdmin
 from planner.config import PlannerConfig, PlannerRole, Topology
 from planner.local import SIM_COMMAND, LocalConnector, LocalSettings
 from planner.loop import PlannerLoop
+from planner.proxy_admin import HttpProxyAdmin
 from simulator.fleet import start_fleet
 from simulator.profiles import load_profile
 from tests.support.servers import fast_settings, running_proxy

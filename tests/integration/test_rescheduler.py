@@ -225,15 +225,17 @@ async def test_standalone_reschedule_moves_a_running_proxys_requests(fleet: SimF
         view = (await client.get(url + "/admin/rescheduler/view")).json()
         assert [i["id"] for i in view["instances"]] == ["e0", "e1"]
         assert (await client.get(url + "/admin/rescheduler")).json()["enabled"] is False
-        assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
-        tasks, started = await start_streams(client, url, body, 3)
-        await asyncio.wait_for(started.wait(), timeout=30)
-        assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
         cmd = [sys.executable, "-m", "proxy.serving.cli", "reschedule", "--proxy", url,
                "--rescheduling-interval-ms", "100", "--rescheduling-policies", "neutral_failover",
                "--log-level", "warning"]  # fmt: skip
         proc = await asyncio.create_subprocess_exec(*cmd, cwd=REPO, env=dict(os.environ))
         try:
+            # Running before the streams start: its start-up would otherwise race them.
+            await eventually(lambda: views_taken(client, url, more_than=1), within=60)
+            assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
+            tasks, started = await start_streams(client, url, body, 3)
+            await asyncio.wait_for(started.wait(), timeout=30)
+            assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
             assert (await client.post(f"{url}/admin/backends/e0/drain")).status_code == 200
             await eventually(lambda: not app.core.live.on_backend("e0"), within=20)
             assert len(app.core.live.on_backend("e1")) == 3
@@ -247,6 +249,13 @@ async def test_standalone_reschedule_moves_a_running_proxys_requests(fleet: SimF
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def views_taken(client: httpx.AsyncClient, url: str, more_than: int) -> bool:
+    """Whether the proxy has answered more than `more_than` GET /admin/rescheduler/view."""
+    answered = await migrations_metric(client, url, "http_requests_total")
+    key = 'handler="/admin/rescheduler/view",method="GET",status="2xx"'
+    return answered.get(key, 0) > more_than
 
 
 def legs_of(got: Streamed) -> list[dict[str, Any]]:

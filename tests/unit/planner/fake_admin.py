@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet.types import Role
-from planner.admin import BackendStatus, LiveRequest
+from planner.proxy_admin import BackendStatus, LiveRequest
 
 
 @dataclass

@@ -8,9 +8,9 @@ import httpx
 import orjson
 
 from fleet.types import Backend, BackendSpec, EngineMetrics, MetricsSnapshot, Role
-from planner.admin import BackendStatus, HttpProxyAdmin
+from planner.proxy_admin import BackendStatus, HttpProxyAdmin
 from planner.traffic import BackendReading, RequestCounters
-from proxy.control.admin_routes import backend_view
+from proxy.control.admin_backends import backend_view
 
 
 async def backends_seen(views: list[dict[str, Any]]) -> list[BackendStatus]:

@@ -6,10 +6,10 @@ import pytest
 
 from fleet.clock import FakeClock
 from fleet.types import Role
-from planner.admin import LiveRequest
 from planner.config import PlannerRole
 from planner.connector import WorkerInfo
 from planner.drain import DrainOutcome, Sleep, choose_victim, drain
+from planner.proxy_admin import LiveRequest
 from tests.unit.planner.fake_admin import FakeAdmin
 
 

@@ -7,7 +7,6 @@ import pytest
 from fleet.clock import FakeClock
 from fleet.kube import DELETION_COST, ScaleTarget
 from fleet.types import Role
-from planner.admin import LiveRequest
 from planner.config import PlannerRole
 from planner.drain import DrainTimeout
 from planner.events import Journal
@@ -18,6 +17,7 @@ from planner.kubernetes import (
     default_selector,
     highest_ordinal,
 )
+from planner.proxy_admin import LiveRequest
 from tests.support.fake_kube import FakeKube, ready_pod
 from tests.unit.planner.fake_admin import FakeAdmin
 

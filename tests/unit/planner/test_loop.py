@@ -9,12 +9,12 @@ import pytest
 
 from fleet.clock import FakeClock
 from fleet.types import Role
-from planner.admin import BackendStatus, LiveRequest
 from planner.config import PlannerConfig, PlannerRole, Topology
 from planner.connector import FakeConnector, WorkerInfo
 from planner.decide import Decision, Reason
 from planner.drain import choose_victim, drain
 from planner.loop import DecisionRecord, PlannerLoop
+from planner.proxy_admin import BackendStatus, LiveRequest
 from tests.unit.planner.fake_admin import FakeAdmin
 
 CONFIG = PlannerConfig(

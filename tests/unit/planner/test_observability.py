@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 
 from fleet.clock import FakeClock
 from fleet.types import Role
-from planner.admin import LiveRequest
 from planner.config import PlannerConfig, PlannerRole, Topology
 from planner.connector import FakeConnector
 from planner.drain import DrainOutcome, DrainReport
@@ -21,6 +20,7 @@ from planner.events import FanOut, Journal
 from planner.local import LocalConnector, LocalSettings
 from planner.loop import PlannerLoop
 from planner.metrics import PlannerMetrics
+from planner.proxy_admin import LiveRequest
 from planner.tensorboard import TensorBoardEvents
 from tests.support.tb_events import scalars, texts
 from tests.unit.planner.fake_admin import FakeAdmin

@@ -39,7 +39,9 @@ class FakeEntry:
     def last_read(self) -> float:
         return 0.0
 
-    async def move(self, to: Backend | None = None, reason: str = "admin") -> MoveResult:
+    async def move(
+        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+    ) -> MoveResult:
         if self.not_movable:
             raise NotMovable(self.not_movable)
         self.moves.append((to.id if to is not None else None, reason))

@@ -1,6 +1,8 @@
-"""The planner's view of a running proxy: `ProxyAdmin`, the admin-API calls the planner
-makes (list backends and live requests, add, drain, undrain, evacuate, remove), and
-`HttpProxyAdmin`, the same over HTTP with httpx.
+"""The planner's side of the proxy's admin API, the client and not the API: `ProxyAdmin`, the
+calls the planner makes of a proxy (list backends and live requests, add, drain, undrain,
+evacuate, remove), and `HttpProxyAdmin`, those calls over HTTP with httpx (`fleet-proxy plan`).
+Inside the proxy the same calls are `InProcessAdmin` (proxy/control/colocated_planner.py); the
+API itself is proxy/control/admin_routes.py.
 
 The live requests are those of the proxy process that answers: with `--workers N` each worker
 process has its own, and the backend's `in_flight` is that process's count too.
