@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from fleet.registry import FleetRegistry
     from fleet.tokens import TokenCounter
     from policies.policy import Policy
-    from proxy.backends.ejection import EjectionGuard
     from proxy.backends.health import BackendHealth
     from proxy.backends.upstream import Upstream
     from proxy.metrics import RouterMetrics
@@ -106,8 +105,6 @@ class ControlServices(Protocol):
     def policy(self) -> Policy: ...
     @property
     def health(self) -> BackendHealth: ...
-    @property
-    def ejection(self) -> EjectionGuard: ...
     @property
     def rescheduler(self) -> ReschedulerLoop | None: ...
     @property

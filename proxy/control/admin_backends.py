@@ -80,7 +80,7 @@ class BackendRoutes:
         self.url_policy = url_policy
 
     def view(self, b: Backend) -> dict[str, Any]:
-        ejection = self.core.ejection.detector.state(b.id)
+        ejection = self.core.health.ejection_state(b.id)
         return backend_view(b, self.core.clock.now(), self.core.fleet.stale_after, ejection)
 
     async def list_backends(self) -> list[dict[str, Any]]:

@@ -137,7 +137,6 @@ class ProxyCore:
         PlatformCollector(registry=self.prom)
         GCCollector(registry=self.prom)
         self.health = BackendHealth(settings, self.fleet, self.live, self.metrics, self.clock)
-        self.ejection = self.health.ejection  # read by the admin API
         self.policy.bind_metrics(self.prom, self.routable_pools)
         self.fleet.on_removed(self.policy.on_backend_removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
