@@ -14,15 +14,9 @@ from prometheus_client import CollectorRegistry
 from proxy.metrics import RouterMetrics
 from proxy.serving import front_door
 from proxy.serving.app import create_app
-from proxy.serving.front_door import (
-    FD_RESERVE,
-    REASONS,
-    FrontDoorLimits,
-    FrontDoorStats,
-    error_response,
-    fit_open_files,
-    uvicorn_config,
-)
+from proxy.serving.front_door import FD_RESERVE, fit_open_files, uvicorn_config
+from proxy.serving.front_door_protocol import FrontDoorLimits, error_response
+from proxy.serving.refusal_stats import REASONS, FrontDoorStats
 from proxy.settings import ConfigError, load_settings
 
 
