@@ -307,7 +307,7 @@ class Forwarder:
                 raise
             # The client left: the upstream request was closed by the cancellation.
             task.uncancel()
-            if self.core.cutting:
+            if self.core.grace_over:
                 return 503  # the proxy's stop closed the connection, past its grace period
             self.core.metrics.client_disconnects.inc()
             return 499

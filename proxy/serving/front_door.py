@@ -68,7 +68,7 @@ def uvicorn_config(app: FleetProxyApp, settings: Settings, **overrides: Any) -> 
 class GraceDeadline(Protocol):
     """What the server tells the app when a stop's grace period is over."""
 
-    def cut_in_flight(self) -> None:
+    def end_grace(self) -> None:
         """The requests still running are about to lose their connections."""
 
 
@@ -90,13 +90,13 @@ class GracefulServer(uvicorn.Server):
         self._app = app
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        deadline = asyncio.get_running_loop().call_later(self._grace, self._cut)
+        deadline = asyncio.get_running_loop().call_later(self._grace, self._close_what_is_left)
         try:
             await super().shutdown(sockets)
         finally:
             deadline.cancel()
 
-    def _cut(self) -> None:
+    def _close_what_is_left(self) -> None:
         connections = list(self.server_state.connections)
         if not connections:
             return
@@ -106,7 +106,7 @@ class GracefulServer(uvicorn.Server):
             len(connections),
         )
         if self._app is not None:
-            self._app.cut_in_flight()
+            self._app.end_grace()
         for connection in connections:
             transport = connection.transport
             if not transport.is_closing():
