@@ -29,6 +29,8 @@ from policies.filters.slo_tier import SloHeadroomTierFilter, SloTierParams
 from policies.framework import RoutingServices
 from policies.handlers.disagg import DisaggParams, DisaggProfileHandler
 from policies.handlers.single import SingleProfileHandler, SingleProfileParams
+from policies.names import ALGORITHM_PICKERS
+from policies.names import policy_names as policy_names  # its home for callers
 from policies.pickers.autellix import AutellixParams, AutellixPicker
 from policies.pickers.baseline import LeastRequestsPicker, PowerOfTwoPicker, RoundRobinPicker
 from policies.pickers.lmetric import LMetricPicker
@@ -143,18 +145,6 @@ def plugin_types() -> dict[str, PluginType]:
     }
 
 
-# Whole algorithms by name: the picker that implements each (params go to it).
-_ALGORITHM_PICKERS = {
-    "round_robin": "round-robin-picker",
-    "least_requests": "least-requests-picker",
-    "random": "random-picker",
-    "power_of_two": "power-of-two-picker",
-    "lmetric": "lmetric-picker",
-    "unified": "unified-picker",
-    "autellix": "autellix-picker",
-}
-
-
 def _algorithm_config(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     if name == "prefix_aware":
         # llm-d's default shape: prefix affinity balanced against queue and KV pressure.
@@ -178,16 +168,12 @@ def _algorithm_config(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
                 }
             ],
         }
-    picker = _ALGORITHM_PICKERS[name]
+    picker = ALGORITHM_PICKERS[name]
     return {
         "name": name,
         "plugins": [{"type": picker, "name": name, "params": dict(params)}],
         "profiles": [{"name": "default", "picker": name}],
     }
-
-
-def policy_names() -> list[str]:
-    return sorted([*_ALGORITHM_PICKERS, "prefix_aware"])
 
 
 def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Scheduler:

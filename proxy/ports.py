@@ -83,7 +83,7 @@ class RequestServices(Protocol):
     @property
     def request_log(self) -> RequestLog | None: ...
     @property
-    def cutting(self) -> bool:
+    def grace_over(self) -> bool:
         """Whether a stop's grace period is over: connections closed now are the proxy's."""
 
     def upstream_pool(self) -> Upstream:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -102,9 +102,17 @@ class _Watch:
         self.finished = False
 
 
+class Authorize(Protocol):
+    """Whether a request may be served, decided from its headers before its body is read (a
+    client refused gets nothing buffered): None to serve it, or the error to answer with."""
+
+    def __call__(self, headers: dict[str, str]) -> ProxyError | None: ...
+
+
 class Forwarder:
-    def __init__(self, core: RequestServices) -> None:
+    def __init__(self, core: RequestServices, authorize: Authorize | None = None) -> None:
         self.core = core
+        self._authorize = authorize
         self.settings = core.settings
         self.opener = LegOpener(core)
         self._chars_per_token = core.settings.chars_per_token
@@ -148,6 +156,10 @@ class Forwarder:
         session: RequestSession | None = None
         model: str | None = None
         try:
+            if self._authorize is not None:
+                refusal = self._authorize(headers)
+                if refusal is not None:
+                    raise refusal
             body = await self._read_body(receive, headers)
             ctx = self._context(endpoint, generates, body, headers, request_id)
             if self._aliases is not None:
@@ -295,7 +307,7 @@ class Forwarder:
                 raise
             # The client left: the upstream request was closed by the cancellation.
             task.uncancel()
-            if self.core.cutting:
+            if self.core.grace_over:
                 return 503  # the proxy's stop closed the connection, past its grace period
             self.core.metrics.client_disconnects.inc()
             return 499

@@ -5,9 +5,10 @@ value is hashed with SHA-256 and compared, in constant time, with the digest of 
 key (all of them, so the time taken says nothing about which key nearly matched, nor about a
 key's length). The digests are computed once, at start-up.
 
-The hot path pays for this only when keys are configured: `create_app` then serves the OpenAI
-endpoints with `KeyedForwarder` and wraps the control plane in `ControlPlaneKeys`; with no keys
-the plain `Forwarder` and the FastAPI app serve as before, with no check at all.
+The hot path pays for this only when keys are configured: `create_app` then gives the OpenAI
+endpoints' `Forwarder` a `RequireClientKey` to authorize each request with, and wraps the
+control plane in `ControlPlaneKeys`; with no keys the Forwarder checks nothing (one `is None`)
+and the FastAPI app serves as before.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from typing import Protocol
 
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
-from proxy.request.entry import HOT_ROUTES, Forwarder
-from proxy.serving.wiring import ProxyCore
+from proxy.request.entry import HOT_ROUTES
 from proxy.settings import check_api_key
 
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -110,19 +110,20 @@ def client_keys(api_keys: Iterable[str], keys_file: Path | None) -> ClientKeys |
     return ClientKeys(keys) if keys else None
 
 
-class KeyedForwarder(Forwarder):
-    """The OpenAI endpoints' handler when client keys are configured."""
+class RequireClientKey:
+    """The OpenAI endpoints' authorization (the Forwarder's `Authorize`) when client keys are
+    configured: a request without an accepted key is answered 401."""
 
-    def __init__(self, core: ProxyCore, keys: KeyCheck) -> None:
-        super().__init__(core)
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: KeyCheck) -> None:
         self._keys = keys
 
-    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
-        # Checked before the body is read: a client without a key gets nothing buffered.
+    def __call__(self, headers: dict[str, str]) -> ProxyError | None:
         authorization = headers.get("authorization")
-        if not self._keys.allows(authorization):
-            raise self._keys.refusal(authorization)
-        return await super()._read_body(receive, headers)
+        if self._keys.allows(authorization):
+            return None
+        return self._keys.refusal(authorization)
 
 
 def _needs_key(path: str) -> bool:

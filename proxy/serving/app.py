@@ -34,7 +34,13 @@ from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.request.entry import HOT_ROUTES, Forwarder
-from proxy.serving.access import AsgiApp, ControlPlaneKeys, KeyCheck, KeyedForwarder, client_keys
+from proxy.serving.access import (
+    AsgiApp,
+    ControlPlaneKeys,
+    KeyCheck,
+    RequireClientKey,
+    client_keys,
+)
 from proxy.serving.admission import AdmissionGate, AdmittedHandler
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
@@ -57,7 +63,7 @@ class FleetProxyApp:
         if keys is None:
             self.forwarder = Forwarder(core)
         else:
-            self.forwarder = KeyedForwarder(core, keys)
+            self.forwarder = Forwarder(core, RequireClientKey(keys))
             self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
         s = core.settings

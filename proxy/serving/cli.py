@@ -1,15 +1,31 @@
-"""`fleet-proxy`: serve, demo, and the simulator and benchmark subcommands."""
+"""`fleet-proxy`: serve, demo, and the simulator and benchmark subcommands.
+
+A command line answers at once: each subcommand imports what it needs when it runs, and only
+the subcommand named gets its flags built (the settings model for `serve` and `reschedule`,
+the planner for `plan`), so `fleet-proxy --help` imports none of them.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proxy.serving.serve import run_serve
-from proxy.settings import ConfigError, Settings, load_settings
+if TYPE_CHECKING:
+    from proxy.settings import Settings
+
+# Every subcommand, in the order `fleet-proxy --help` lists them, with its line there.
+SUBCOMMANDS = {
+    "serve": "run the proxy in front of vLLM backends",
+    "reschedule": "run the rescheduler on its own against a running proxy's admin API",
+    "plan": "run the autoscaling planner against a running proxy (docs/planner.md)",
+    "demo": "a simulated vLLM fleet plus the proxy, in one command",
+    "sim": "run simulated vLLM engines (see `fleet-proxy sim --help`)",
+    "bench": "replay a workload against a base_url (`fleet-proxy bench -h`)",
+    "profile-sla": "profile engines for the planner's SLA mode (`fleet-proxy profile-sla -h`)",
+}
 
 
 def _serve_parser(sub: Any) -> None:
@@ -17,7 +33,7 @@ def _serve_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "serve",
-        help="run the proxy in front of vLLM backends",
+        help=SUBCOMMANDS["serve"],
         epilog=settings_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -133,6 +149,8 @@ def _rescheduler_flags(p: Any) -> None:
 
 
 def _setting_flags(p: Any, names: tuple[str, ...]) -> None:
+    from proxy.settings import Settings
+
     for name in names:
         field = Settings.model_fields[name]
         default = field.get_default(call_default_factory=True)
@@ -144,9 +162,7 @@ def _setting_flags(p: Any, names: tuple[str, ...]) -> None:
 
 
 def _reschedule_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "reschedule", help="run the rescheduler on its own against a running proxy's admin API"
-    )
+    p = sub.add_parser("reschedule", help=SUBCOMMANDS["reschedule"])
     p.add_argument("--proxy", required=True, metavar="URL", help="the proxy's base URL")
     p.add_argument("--admin-token", help="the proxy's admin token")
     p.add_argument("--config", type=Path, help="YAML settings file (its rescheduling_* keys)")
@@ -160,9 +176,7 @@ def _reschedule_parser(sub: Any) -> None:
 def _plan_parser(sub: Any) -> None:
     from planner.standalone import add_flags
 
-    p = sub.add_parser(
-        "plan", help="run the autoscaling planner against a running proxy (docs/planner.md)"
-    )
+    p = sub.add_parser("plan", help=SUBCOMMANDS["plan"])
     add_flags(p)
 
 
@@ -170,7 +184,17 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+# The subcommands whose flags argparse parses, and what adds each one's.
+_PARSERS: dict[str, Callable[[Any], None]] = {
+    "serve": _serve_parser,
+    "reschedule": _reschedule_parser,
+    "plan": _plan_parser,
+}
+
+
 def build_settings(args: argparse.Namespace) -> Settings:
+    from proxy.settings import load_settings
+
     names = [
         "host", "port", "backends", "policy", "admin_token", "api_keys_file", "log_level",
         "workers",
@@ -191,6 +215,9 @@ def build_settings(args: argparse.Namespace) -> Settings:
 
 
 def run_reschedule(args: argparse.Namespace) -> int:
+    import logging
+
+    from proxy.settings import ConfigError, load_settings
     from rescheduler.standalone import main as reschedule_main
 
     try:
@@ -219,6 +246,47 @@ def _version() -> str:
         return "(not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, looked up only when asked for: reading the installed metadata costs a
+    noticeable part of a help command's time."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs=0,
+            help="show program's version number and exit",
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """`fleet-proxy`'s parser with the flags of `command` (the subcommand on the line) only:
+    the other subcommands are listed, their flags (and what those import) never built."""
+    parser = argparse.ArgumentParser(
+        prog="fleet-proxy", description="OpenAI-compatible router for vLLM fleets"
+    )
+    parser.add_argument("--version", action=_VersionAction)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help in SUBCOMMANDS.items():
+        add_parser = _PARSERS.get(name)
+        if name == command and add_parser is not None:
+            add_parser(sub)
+        else:
+            sub.add_parser(name, help=help)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The simulator and benchmark own their flags; hand them the rest of the line untouched.
@@ -239,29 +307,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(argv[1:])
 
-    parser = argparse.ArgumentParser(
-        prog="fleet-proxy", description="OpenAI-compatible router for vLLM fleets"
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    _reschedule_parser(sub)
-    _plan_parser(sub)
-    sub.add_parser("demo", help="a simulated vLLM fleet plus the proxy, in one command")
-    sub.add_parser("sim", help="run simulated vLLM engines (see `fleet-proxy sim --help`)")
-    sub.add_parser("bench", help="replay a workload against a base_url (`fleet-proxy bench -h`)")
-    sub.add_parser(
-        "profile-sla",
-        help="profile engines for the planner's SLA mode (`fleet-proxy profile-sla -h`)",
-    )
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        try:
-            settings = build_settings(args)
-        except ConfigError as e:
-            print(f"fleet-proxy: {e}", file=sys.stderr)
-            return 2
-        return run_serve(settings)
+        return _serve(args)
     if args.command == "reschedule":
         return run_reschedule(args)
     if args.command == "plan":
@@ -270,6 +319,18 @@ def main(argv: list[str] | None = None) -> int:
         return plan_main(args)
     parser.print_help()
     return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.serving.serve import run_serve
+    from proxy.settings import ConfigError
+
+    try:
+        settings = build_settings(args)
+    except ConfigError as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 2
+    return run_serve(settings)
 
 
 if __name__ == "__main__":

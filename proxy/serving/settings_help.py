@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
+from policies.names import policy_names
 from proxy.settings import Settings
 
 
@@ -37,8 +38,6 @@ def _choices(field: FieldInfo) -> str:
 def settings_epilog() -> str:
     """Every setting with its default, choices and description, then the routing policy
     names."""
-    from policies.registry import policy_names
-
     prefix = Settings.model_config.get("env_prefix", "")
     fields = Settings.model_fields
     width = max(map(len, fields))

@@ -152,11 +152,11 @@ class ProxyCore:
         self.control_client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         # Set when a stop's grace period is over and the server closes the connections left:
-        # their requests end as cut by the proxy (503), not as left by their clients.
-        self.cutting = False
+        # their requests end as closed by the proxy (503), not as left by their clients.
+        self.grace_over = False
 
-    def cut_in_flight(self) -> None:
-        self.cutting = True
+    def end_grace(self) -> None:
+        self.grace_over = True
 
     async def start(self) -> None:
         s = self.settings

@@ -1,5 +1,5 @@
-"""CPU per request of the proxy's HTTP protocol (proxy/serving/front_door.py) beside uvicorn's own
-httptools protocol it extends, without sockets or a load generator in the way.
+"""CPU per request of the proxy's HTTP protocol (proxy/serving/front_door_protocol.py) beside
+uvicorn's own httptools protocol it extends, without sockets or a load generator in the way.
 
 One keep-alive connection on a transport that discards what it is given, a request that
 arrives in one read, an ASGI app that answers at once: what is left is the protocol's own
@@ -22,7 +22,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from proxy.serving.front_door import FrontDoorLimits, FrontDoorStats, front_door_protocol
+from proxy.serving.front_door_protocol import FrontDoorLimits, front_door_protocol
+from proxy.serving.refusal_stats import FrontDoorStats
 from proxy.settings import load_settings
 
 REQUEST = (

@@ -151,7 +151,7 @@ async def test_a_stream_in_flight_finishes_whole_while_no_new_request_gets_in(
 
 
 @pytest.mark.slow
-async def test_past_the_grace_period_the_stream_is_cut_and_the_process_exits(
+async def test_past_the_grace_period_the_stream_is_stopped_short_and_the_process_exits(
     tmp_path: Path,
 ) -> None:
     backend = FakeBackend(behaviour=Behaviour(chunks=300, chunk_delay=0.1))

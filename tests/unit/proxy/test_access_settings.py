@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.serving.access import ClientKeys
+from proxy.serving.access import ClientKeys, RequireClientKey
 from proxy.serving.cli import build_settings, main
 from proxy.serving.serve import exposure_warnings
 from proxy.settings import ConfigError, load_settings
@@ -69,6 +69,23 @@ def test_client_keys_compare_the_bearer_value() -> None:
     assert keys.refusal(None).message != keys.refusal("Bearer x").message
     with pytest.raises(ValueError):
         ClientKeys([])
+
+
+def test_the_forwarders_authorization_refuses_a_request_without_an_accepted_key() -> None:
+    authorize = RequireClientKey(ClientKeys(["k-1"]))
+    assert authorize({"authorization": "Bearer k-1", "content-type": "application/json"}) is None
+    missing = authorize({"content-type": "application/json"})
+    wrong = authorize({"authorization": "Bearer k-2"})
+    assert missing is not None and wrong is not None
+    assert (missing.status, missing.code, wrong.status, wrong.code) == (
+        401,
+        "invalid_api_key",
+        401,
+        "invalid_api_key",
+    )
+    assert (
+        missing.message.startswith("no API key") and wrong.message == "incorrect API key provided"
+    )
 
 
 def test_serve_flag_names_the_keys_file(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ and the version."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,53 @@ def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out == f"fleet-proxy {version('fleet-proxy')}\n"
+
+
+# Runs `fleet-proxy ARGS` in a fresh interpreter, its own output discarded, then prints the
+# modules it imported.
+IMPORTED_BY = """
+import contextlib, io, sys
+from proxy.serving.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit as done:
+        assert done.code == 0, done.code
+print(" ".join(sys.modules))
+"""
+
+# What serving, the planner and the routing policies import: a help command needs none of it.
+SERVING_MODULES = {
+    "kubernetes_asyncio",
+    "planner",
+    "httpx",
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "policies.registry",
+    "proxy.serving.app",
+}
+
+
+def imported_by(*args: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTED_BY, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_help_imports_no_subcommand() -> None:
+    imported = imported_by("--help")
+    assert "argparse" in imported
+    assert imported.isdisjoint({*SERVING_MODULES, "proxy.settings", "pydantic"})
+
+
+def test_serve_help_imports_the_settings_and_nothing_that_serves() -> None:
+    imported = imported_by("serve", "--help")
+    assert {"proxy.settings", "policies.names"} <= imported
+    assert imported.isdisjoint(SERVING_MODULES)

@@ -4,25 +4,24 @@ probes the server itself."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import resource
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from uvicorn.config import Config
+from uvicorn.server import ServerState
 
 from proxy.metrics import RouterMetrics
 from proxy.serving import front_door
 from proxy.serving.app import create_app
-from proxy.serving.front_door import (
-    FD_RESERVE,
-    REASONS,
-    FrontDoorLimits,
-    FrontDoorStats,
-    error_response,
-    fit_open_files,
-    uvicorn_config,
-)
+from proxy.serving.front_door import FD_RESERVE, fit_open_files, uvicorn_config
+from proxy.serving.front_door_protocol import FrontDoorLimits, error_response, front_door_protocol
+from proxy.serving.refusal_stats import REASONS, FrontDoorStats
 from proxy.settings import ConfigError, load_settings
 
 
@@ -62,6 +61,55 @@ def test_uvicorn_config_serves_with_the_front_door_protocol() -> None:
     assert config.http_protocol_class.__name__ == "FrontDoorProtocol"
     assert config.ws == "none"
     assert not config.proxy_headers and not config.server_header
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.written += bytes(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(
+            name, default
+        )
+
+
+async def test_each_server_holds_its_connections_to_its_own_limits() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    defaults = FrontDoorLimits.from_settings(load_settings())
+    strict = front_door_protocol(replace(defaults, max_header_bytes=1024), FrontDoorStats(None))
+    lenient = front_door_protocol(defaults, FrontDoorStats(None))
+    request = b"GET /health HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * 2000 + b"\r\n\r\n"
+    answers = []
+    for protocol in (strict, lenient):
+        config = Config(app, http=protocol, lifespan="off", log_level="warning")
+        config.load()
+        connection = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = RecordingTransport()
+        connection.connection_made(transport)
+        connection.data_received(request)
+        for _ in range(100):  # the app's task answers on a later turn of the loop
+            if transport.written:
+                break
+            await asyncio.sleep(0)
+        connection.connection_lost(None)
+        answers.append(transport.written.split(b"\r\n", 1)[0])
+    assert answers == [b"HTTP/1.1 431 Request Header Fields Too Large", b"HTTP/1.1 200 OK"]
 
 
 def test_error_response_is_whole_and_openai_shaped() -> None:
