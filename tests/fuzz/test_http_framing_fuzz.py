@@ -234,11 +234,15 @@ def streamed_request(tail: bytes = b"") -> bytes:
 
 
 def abandon(live: LiveProxy, data: bytes, *, reset: bool) -> bytes:
-    """Write `data`, read the first bytes of the answer, then go: with a reset (the socket
-    closed with unread data and no linger) or a plain close."""
+    """Write `data`, read the answer's head, then go: with a reset (the socket closed with
+    unread data and no linger) or a plain close."""
     with socket.create_connection((live.host, live.port), timeout=CLOSE_WITHIN_S) as s:
         s.sendall(data)
-        first = s.recv(65536)
+        first = b""
+        while b"\r\n\r\n" not in first:  # the socket's timeout bounds each read
+            got = s.recv(65536)
+            assert got, f"closed before a whole head: {first!r}"
+            first += got
         if reset:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     return first
