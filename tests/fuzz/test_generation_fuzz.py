@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fuzz.checks import assert_proxy_answer
 from tests.fuzz.live import MODEL, REQUEST_TIMEOUT_S, LiveProxy, fuzz_settings, live_proxy
+from tests.support.polling import eventually_blocking
 
 pytestmark = pytest.mark.fuzz
 
@@ -251,7 +252,28 @@ def test_other_methods_are_refused_in_openai_shape(
     assert_proxy_answer(r.status_code, r.headers, r.content, method=method)
 
 
+# Names a client may send that no series may carry: each would add a series for good.
+ODD_MODELS = ["no-such-model", "../../etc/passwd", "Ünïcode model", "x" * 300, 'a{b="c"}']
+
+
 def test_the_proxy_still_serves_after_the_fuzz(client: httpx.Client, live: LiveProxy) -> None:
+    # Odd traffic of its own, so the checks below hold whether or not the fuzz ran first:
+    # refused models, a stream dropped mid-way, bodies that do not parse.
+    for model in ODD_MODELS:
+        r = client.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": 1})
+        assert 400 <= r.status_code < 500, (model, r.status_code, r.text)
+        assert_proxy_answer(r.status_code, r.headers, r.content)
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True},
+        headers={"x-session-id": "s{1}", "x-program-id": "../p"},
+    ) as dropped:
+        assert dropped.status_code == 200
+        next(dropped.iter_raw())
+    for junk in (b"{", b"\xff\xfe", b"[]"):
+        r = client.post("/v1/completions", content=junk)
+        assert_proxy_answer(r.status_code, r.headers, r.content)
     for route, body in (
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": True}),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}),
@@ -263,18 +285,25 @@ def test_the_proxy_still_serves_after_the_fuzz(client: httpx.Client, live: LiveP
     async def live_requests() -> int:
         return len(live.app.core.live)
 
-    assert live.run(live_requests()) == 0
+    eventually_blocking(
+        lambda: live.run(live_requests()) == 0, within=REQUEST_TIMEOUT_S, what="no live request"
+    )
     # Label values come from the proxy's own vocabulary, never from what clients sent: else
     # each odd request would add a series for good.
     # `model` is a served model's name (from the backends) or "unknown", whatever the client sent.
     served = {m["id"] for m in client.get("/v1/models").json()["data"]} | {"unknown"}
     metrics = client.get("/metrics").text
+    refusals = 0.0
     for family in text_string_to_metric_families(metrics):
         if not family.name.startswith("fleet_proxy_"):
             continue
         for sample in family.samples:
+            if sample.name == "fleet_proxy_requests_total" and sample.labels["model"] == "unknown":
+                refusals += sample.value
             for name, value in sample.labels.items():
                 if name == "model":
                     assert value in served, (sample.name, value)
                 elif name not in ("backend", "le", "worker", "workers"):
                     assert re.fullmatch(r"[a-z0-9_/]+", value), (sample.name, name, value)
+    # The odd models above were counted, under `unknown`.
+    assert refusals >= len(ODD_MODELS)

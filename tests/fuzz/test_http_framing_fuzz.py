@@ -9,6 +9,7 @@ just close, within a bounded time, and serve a normal request on a fresh connect
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Iterator
 
@@ -17,7 +18,8 @@ from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 from tests.fuzz.checks import assert_openai_error_or_closed, parse_responses
-from tests.fuzz.live import MODEL, LiveProxy, fuzz_settings, live_proxy
+from tests.fuzz.live import MAX_MODEL_LEN, MODEL, LiveProxy, fuzz_settings, live_proxy
+from tests.support.polling import eventually_blocking
 
 pytestmark = pytest.mark.fuzz
 
@@ -218,11 +220,55 @@ def test_malformed_http_gets_a_4xx_or_a_close_and_never_a_hang(
     assert_still_serves(live)
 
 
+def streamed_request(tail: bytes = b"") -> bytes:
+    """A well-framed streamed completion long enough to still be running when its client
+    goes, then `tail` on the same connection."""
+    body = b'{"model": "%s", "prompt": "hi", "max_tokens": %d, "stream": true}' % (
+        MODEL.encode(),
+        MAX_MODEL_LEN - 8,
+    )
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body + tail
+    )
+
+
+def abandon(live: LiveProxy, data: bytes, *, reset: bool) -> bytes:
+    """Write `data`, read the answer's head, then go: with a reset (the socket closed with
+    unread data and no linger) or a plain close."""
+    with socket.create_connection((live.host, live.port), timeout=CLOSE_WITHIN_S) as s:
+        s.sendall(data)
+        first = b""
+        while b"\r\n\r\n" not in first:  # the socket's timeout bounds each read
+            got = s.recv(65536)
+            assert got, f"closed before a whole head: {first!r}"
+            first += got
+        if reset:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return first
+
+
 def test_no_request_is_left_behind(live: LiveProxy) -> None:
+    """Requests that reached an engine, whose clients then went in odd ways mid-stream (a
+    reset, a close, garbage pipelined behind the request), all leave the live table."""
+    ways = [
+        (b"", True),
+        (b"", False),
+        (b"GARBAGE\r\n\r\n", True),
+        (b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999\r\n\r\n{", False),
+    ]
+    for tail, reset in ways:
+        first = abandon(live, streamed_request(tail), reset=reset)
+        # Served by an engine: the request went through the live table.
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        assert b"x-fleet-backend" in first.lower(), first[:400]
+
     async def live_requests() -> int:
         return len(live.app.core.live)
 
-    deadline = time.monotonic() + CLOSE_WITHIN_S
-    while live.run(live_requests()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert live.run(live_requests()) == 0
+    eventually_blocking(
+        lambda: live.run(live_requests()) == 0,
+        within=CLOSE_WITHIN_S,
+        what="no live request after their clients went",
+    )
+    assert_still_serves(live)

@@ -3,7 +3,6 @@ key on every call the proxy makes to them, the admin API on a public listener, a
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from proxy.serving.app import create_app
 from simulator.fleet import SimFleet, start_fleet
 from tests.integration.test_pd_disaggregation import pd_routing
 from tests.support.fake_backend import FakeBackend
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
@@ -189,11 +189,10 @@ async def test_without_the_backend_key_a_keyed_backend_is_unusable(
         running_proxy(settings, wait_ready=False) as (url, _),
         httpx.AsyncClient(base_url=url) as c,
     ):
-        for _ in range(200):
-            if "/v1/models" in keyed_backend.paths_with(None):
-                break
-            await asyncio.sleep(0.02)
-        assert "/v1/models" in keyed_backend.paths_with(None)
+        await eventually(
+            lambda: "/v1/models" in keyed_backend.paths_with(None),
+            what="a model listing asked of the backend without a key",
+        )
         r = await c.post("/v1/completions", json=BODY)
         assert r.status_code != 200
 

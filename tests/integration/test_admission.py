@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -11,6 +11,7 @@ import pytest
 from proxy.request.entry import Forwarder
 from proxy.serving.admission import AdmittedHandler
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 BODY = {"model": "fake-model", "prompt": "hello", "max_tokens": 4}
@@ -32,14 +33,6 @@ def let(hold: asyncio.Semaphore | None, n: int) -> None:
         hold.release()
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 def metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " "):
@@ -57,9 +50,9 @@ async def test_past_the_limit_requests_queue_then_get_429_and_a_waiter_proceeds(
         gate = app.admission
         assert gate is not None
         first = [asyncio.create_task(c.post("/v1/completions", json=BODY)) for _ in range(2)]
-        await until(lambda: held.active == 2, "two requests at the backend")
+        await eventually(lambda: held.active == 2, what="two requests at the backend")
         third = asyncio.create_task(c.post("/v1/completions", json=BODY))
-        await until(lambda: gate.waiting == 1, "one request queued")
+        await eventually(lambda: gate.waiting == 1, what="one request queued")
 
         refused = await c.post("/v1/completions", json=BODY)
         assert refused.status_code == 429
@@ -76,13 +69,13 @@ async def test_past_the_limit_requests_queue_then_get_429_and_a_waiter_proceeds(
         assert held.active == 2  # the queued request never reached the backend
 
         let(hold, 1)  # one running request finishes: its slot goes to the waiter
-        await until(lambda: len(held.seen) == 3, "the queued request at the backend")
+        await eventually(lambda: len(held.seen) == 3, what="the queued request at the backend")
         assert gate.waiting == 0
         assert gate.running == 2
         let(hold, 2)
         answers = await asyncio.gather(*first, third)
         assert [r.status_code for r in answers] == [200, 200, 200]
-        await until(lambda: gate.running == 0, "every slot given back")
+        await eventually(lambda: gate.running == 0, what="every slot given back")
         metrics = (await c.get("/metrics")).text
         assert 'status="429"' in metrics
 
@@ -95,7 +88,7 @@ async def test_a_request_waiting_past_the_timeout_gets_429(held):
     assert hold is not None
     async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
         running = asyncio.create_task(c.post("/v1/completions", json=BODY))
-        await until(lambda: held.active == 1, "one request at the backend")
+        await eventually(lambda: held.active == 1, what="one request at the backend")
         waited = await c.post("/v1/completions", json=BODY)
         assert waited.status_code == 429
         assert waited.json()["error"]["code"] == "queue_timeout"
@@ -114,17 +107,17 @@ async def test_a_queued_request_whose_client_leaves_gives_up_its_place(held):
         gate = app.admission
         assert gate is not None
         running = asyncio.create_task(c.post("/v1/completions", json=BODY))
-        await until(lambda: held.active == 1, "one request at the backend")
+        await eventually(lambda: held.active == 1, what="one request at the backend")
         async with httpx.AsyncClient(base_url=url) as leaving:
             queued = asyncio.create_task(leaving.post("/v1/completions", json=BODY))
-            await until(lambda: gate.waiting == 1, "one request queued")
+            await eventually(lambda: gate.waiting == 1, what="one request queued")
             queued.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await queued
         let(hold, 1)
         assert (await running).status_code == 200
         # The slot reached the queued request, which found its client gone, and came back.
-        await until(lambda: gate.running == 0 and gate.waiting == 0, "the gate empty")
+        await eventually(lambda: gate.running == 0 and gate.waiting == 0, what="the gate empty")
         let(hold, 1)
         assert (await c.post("/v1/completions", json=BODY)).status_code == 200
 

@@ -27,7 +27,7 @@ import pytest
 from proxy.serving.app import FleetProxyApp
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
-from tests.integration.simulator.conftest import eventually
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"

@@ -23,6 +23,7 @@ from typing import IO
 import orjson
 import pytest
 
+from tests.support.polling import eventually_blocking
 from tests.support.processes import alive, descendants, free_port, port_free
 
 LISTENING = re.compile(r"fleet-proxy listening: base_url = http://127\.0\.0\.1:(\d+)/v1")
@@ -30,17 +31,6 @@ LISTENING = re.compile(r"fleet-proxy listening: base_url = http://127\.0\.0\.1:(
 
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
-
-
-def poll(condition: object, timeout: float) -> bool:
-    """Whether `condition()` became true within `timeout` seconds (checked every 50 ms)."""
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def models(port: int) -> list[str]:
@@ -147,15 +137,22 @@ def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
         assert int(out.wait_for(LISTENING, timeout=90).group(1)) == proxy_port
         children = descendants(proc.pid)
         assert children, "the demo runs its simulator as a child process"
-        assert poll(lambda: models(proxy_port) == ["sim-llama-8b"], timeout=15)
+        eventually_blocking(
+            lambda: models(proxy_port) == ["sim-llama-8b"], 15, "the demo's model listed", 0.05
+        )
 
         proc.send_signal(sig)
         proc.wait(timeout=30)
         try:
-            assert poll(lambda: not any(alive(pid) for pid in children), timeout=15), (
-                f"still running: {[pid for pid in children if alive(pid)]}"
+            eventually_blocking(
+                lambda: not any(alive(pid) for pid in children),
+                15,
+                f"the demo's child processes {sorted(children)} ended",
+                0.05,
             )
-            assert poll(lambda: port_free(proxy_port) and port_free(sim_port), timeout=15)
+            eventually_blocking(
+                lambda: port_free(proxy_port) and port_free(sim_port), 15, "both ports free", 0.05
+            )
         finally:
             for pid in children:
                 if alive(pid):

@@ -19,7 +19,6 @@ import kmock
 import pytest
 
 from simulator.fleet import start_fleet
-from tests.integration.simulator.conftest import eventually
 from tests.integration.test_movable_requests import (
     Streamed,
     body_for,
@@ -27,6 +26,7 @@ from tests.integration.test_movable_requests import (
     reference,
     stream,
 )
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 NS = "llm"

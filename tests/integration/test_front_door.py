@@ -9,7 +9,6 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 from proxy.serving.app import FleetProxyApp
 from tests.support.fake_backend import Behaviour
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 COMPLETION = b'{"model": "fake-model", "prompt": "hi", "max_tokens": 4}'
@@ -112,13 +112,6 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
-
-
-async def until(condition: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 def refused(app: FleetProxyApp, reason: str) -> float:
@@ -333,7 +326,7 @@ async def test_body_dribbled_gets_408_and_the_app_sees_a_disconnect(backend):
         assert "request body not received within 1 s" in r.error()["message"]
         assert refused(app, "body_timeout") == 1
         # The proxy's handler got http.disconnect while reading the body.
-        await until(
+        await eventually(
             lambda: (
                 app.core.prom.get_sample_value(
                     "fleet_proxy_requests_total",
@@ -442,11 +435,11 @@ async def test_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout
 async def test_connection_over_the_cap_gets_503_at_once(backend):
     settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
     async with running_proxy(settings) as (url, app):
-        await until(lambda: open_connections(app) == 0)  # the readiness poll's connection
+        await eventually(lambda: open_connections(app) == 0)  # the readiness poll's connection
         idle = [await RawClient.connect(url) for _ in range(20)]
         extra = None
         try:
-            await until(lambda: open_connections(app) == 20)
+            await eventually(lambda: open_connections(app) == 20)
             extra = await RawClient.connect(url)
             started = time.monotonic()
             [r] = await extra.until_closed()
@@ -461,7 +454,7 @@ async def test_connection_over_the_cap_gets_503_at_once(backend):
             assert refused(app, "connection_limit") == 1
             # Room again once one closes: an ordinary client is served, /metrics says so.
             idle.pop().close()
-            await until(lambda: open_connections(app) == 19)
+            await eventually(lambda: open_connections(app) == 19)
             async with httpx.AsyncClient(base_url=url) as c:
                 r2 = await c.post("/v1/completions", content=COMPLETION)
                 assert r2.status_code == 200

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.processes import refused
 
 LISTENING = re.compile(rb"fleet-proxy listening: base_url = http://127\.0\.0\.1:(\d+)/v1")
@@ -59,19 +60,11 @@ async def listening_port(proc: asyncio.subprocess.Process) -> int:
 
 async def ready(base: str) -> None:
     async with httpx.AsyncClient(base_url=base) as c:
-        for _ in range(300):
-            if (await c.get("/ready")).status_code == 200:
-                return
-            await asyncio.sleep(0.02)
-    raise AssertionError("the proxy never became ready")
 
+        async def answers_ready() -> bool:
+            return (await c.get("/ready")).status_code == 200
 
-async def until_refused(port: int) -> None:
-    for _ in range(200):
-        if await refused(port):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the proxy still accepts connections after SIGTERM")
+        await eventually(answers_ready, within=30, what="the proxy ready", every=0.02)
 
 
 def events(lines: list[str]) -> list[str]:
@@ -134,7 +127,9 @@ async def test_a_stream_in_flight_finishes_whole_while_no_new_request_gets_in(
                     # sent on it after the signal, and it ends without a byte (well before
                     # its keep-alive timeout, 60 s).
                     assert await asyncio.wait_for(reader.read(), 5) == b""
-                    await until_refused(port)
+                    await eventually(
+                        lambda: refused(port), within=10, what="connections refused after SIGTERM"
+                    )
                     # ...while the stream is still in flight: it goes on, to its end.
                     after = [line async for line in rest]
             finally:
@@ -168,11 +163,7 @@ async def test_past_the_grace_period_the_stream_is_stopped_short_and_the_process
             assert 1 <= len(got) < 300
             assert await exit_code(proc) in (0, -signal.SIGTERM)
         # The backend's request was closed with the client's connection.
-        for _ in range(200):
-            if backend.cancelled == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert backend.cancelled == 1
+        await eventually(lambda: backend.cancelled == 1, what="the backend's request cancelled")
         assert backend.active == 0
         text = log.read_text()
         assert "shutdown grace period of 0.5 s over: closing 1 connection(s)" in text

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 BODY = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
@@ -46,16 +47,17 @@ async def post_until_ejected(
 ) -> dict[str, Any]:
     """Send requests (each must succeed, retried past `b`) until `b` is ejected for the
     `in_a_row`th time; its admin row then."""
-    deadline = asyncio.get_running_loop().time() + limit_s
-    while True:
+
+    async def ejected_row() -> dict[str, Any] | None:
         r = await c.post("/v1/completions", json=BODY)
         assert r.status_code == 200, r.text
         row = await backend_row(c, b)
         ejection = row["ejection"]
-        if ejection is not None and ejection["in_a_row"] == in_a_row:
-            return row
-        assert asyncio.get_running_loop().time() < deadline, f"never ejected: {row}"
-        await asyncio.sleep(0.02)
+        return row if ejection is not None and ejection["in_a_row"] == in_a_row else None
+
+    return await eventually(
+        ejected_row, limit_s, f"{b.url} ejected for the {in_a_row}th time", every=0.02
+    )
 
 
 # --- the admin API is safe by default

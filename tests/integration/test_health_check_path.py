@@ -3,7 +3,6 @@ answers."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
@@ -11,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 
@@ -57,11 +57,7 @@ async def test_the_configured_path_is_the_health_check(backend):
 
 async def test_by_default_health_is_checked_on_slash_health(backend):
     async with running_proxy(fast_settings([backend.url]), wait_ready=False) as (url, app):
-        for _ in range(500):
-            if backend.checks["/health"] >= 3:
-                break
-            await asyncio.sleep(0.01)
-        assert backend.checks["/health"] >= 3
+        await eventually(lambda: backend.checks["/health"] >= 3, what="three health checks")
         async with httpx.AsyncClient(base_url=url) as c:
             assert (await c.get("/ready")).status_code == 503
         [b] = list(app.core.fleet)

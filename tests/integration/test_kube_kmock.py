@@ -28,6 +28,7 @@ from planner.config import PlannerRole
 from planner.kubernetes import KubernetesConnector, KubernetesSettings, KubeRole
 from planner.proxy_admin import LiveRequest
 from tests.support.kube_controller import ReplicaSetController
+from tests.support.polling import eventually
 from tests.unit.planner.fake_admin import FakeAdmin
 
 NS = "ns"
@@ -139,10 +140,7 @@ async def test_watch_bookmark_then_410_makes_the_watcher_relist(emulator: Any) -
         watcher = PodWatcher(api, NS, SELECTOR, watch_timeout_s=30, max_backoff_s=0.05)
         task = asyncio.create_task(watcher.run())
         try:
-            for _ in range(250):  # bounded poll
-                if watcher.lists >= 3:
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: watcher.lists >= 3, what="three pod lists", every=0.02)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

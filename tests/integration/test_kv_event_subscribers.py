@@ -5,7 +5,6 @@ fleet as backends come, go and move."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
@@ -20,7 +19,7 @@ from fleet.types import BackendSpec
 from proxy.backends.kv_event_subscribers import KvEventSubscribers
 from simulator.kv_events_config import KvEventsConfig
 from simulator.kv_publisher import KvEventPublisher
-from tests.support.kv_events import eventually
+from tests.support.polling import eventually, holds_within
 
 WARMUP_S = 30.0
 
@@ -65,8 +64,7 @@ class Rig:
         sent before its subscription arrives); returns the last number sent."""
         for n in range(start, start + 50):
             self.publisher.publish(stored(n), 0.0)
-            with contextlib.suppress(TimeoutError):
-                await eventually(self.holds(n), within=0.2)
+            if await holds_within(self.holds(n), within=0.2):
                 return n
         raise AssertionError("the subscriber never received a batch")
 

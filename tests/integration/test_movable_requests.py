@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from simulator.fleet import SimFleet, start_fleet
-from tests.integration.simulator.conftest import eventually
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"

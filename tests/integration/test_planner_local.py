@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from planner.loop import PlannerLoop
 from planner.proxy_admin import HttpProxyAdmin
 from simulator.fleet import start_fleet
 from simulator.profiles import load_profile
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 pytestmark = pytest.mark.slow
@@ -91,14 +91,6 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, max_token
                 for c in data.get("choices", []):
                     out.finish = c.get("finish_reason") or out.finish
     return out
-
-
-async def eventually(check: Callable[[], bool], within: float, what: str) -> None:
-    for _ in range(int(within / 0.1)):
-        if check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within}s: {what}")
 
 
 async def test_real_load_scales_up_then_drains_down_without_cutting_a_request(

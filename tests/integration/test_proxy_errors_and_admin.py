@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -111,27 +112,24 @@ async def test_body_over_limit_is_413(backend):
         assert "1000-byte limit" in r.json()["error"]["message"]
 
 
+async def ready_status(c: httpx.AsyncClient, status: int) -> bool:
+    return (await c.get("/ready")).status_code == status
+
+
 async def test_no_healthy_backend_is_503_with_retry_after(backend):
     async with (
         running_proxy(fast_settings([backend.url])) as (url, _),
         httpx.AsyncClient(base_url=url) as c,
     ):
         backend.behaviour = Behaviour(healthy=False)
-        for _ in range(100):
-            if (await c.get("/ready")).status_code == 503:
-                break
-            await asyncio.sleep(0.02)
-        assert (await c.get("/ready")).status_code == 503
+        await eventually(lambda: ready_status(c, 503), what="/ready answering 503")
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 503
         assert r.headers["retry-after"] == "1"
         assert (await c.get("/health")).status_code == 200
         # ...and it comes back when its health check passes again.
         backend.behaviour = Behaviour(healthy=True)
-        for _ in range(100):
-            if (await c.get("/ready")).status_code == 200:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: ready_status(c, 200), what="/ready answering 200")
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 200
 
@@ -200,11 +198,11 @@ async def test_admin_lists_adds_drains_and_removes_backends(backend):
             bad = await c.post("/admin/backends", json={"url": "ftp://x"}, headers=auth)
             assert bad.status_code == 400
 
-            for _ in range(100):
-                views = (await c.get("/admin/backends", headers=auth)).json()
-                if all(v["routable"] for v in views):
-                    break
-                await asyncio.sleep(0.02)
+            async def all_routable() -> list[dict[str, Any]] | None:
+                views: list[dict[str, Any]] = (await c.get("/admin/backends", headers=auth)).json()
+                return views if all(v["routable"] for v in views) else None
+
+            views = await eventually(all_routable, what="every backend routable")
             first_id = views[0]["id"]
             r = await c.post(
                 f"/admin/backends/{first_id}/drain", headers={"x-admin-token": "s3cret"}
@@ -377,12 +375,12 @@ async def test_a_backend_removed_and_added_again_at_once_is_scraped(backend):
         assert (await c.delete(f"/admin/backends/{view['id']}")).status_code == 200
         r = await c.post("/admin/backends", json={"url": backend.url, "id": view["id"]})
         assert r.status_code == 201
-        for _ in range(200):
+
+        async def scraped_again() -> bool:
             [view] = (await c.get("/admin/backends")).json()
-            if view["routable"] and view["snapshot_age_seconds"] is not None:
-                break
-            await asyncio.sleep(0.02)
-        assert view["routable"], view
+            return bool(view["routable"] and view["snapshot_age_seconds"] is not None)
+
+        await eventually(scraped_again, what="the re-added backend scraped and routable")
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 200
 

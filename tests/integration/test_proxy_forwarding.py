@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 from tests.support.sockets import unanswering_listener
 
@@ -178,11 +179,9 @@ async def test_client_disconnect_cancels_upstream_request(two_backends):
                 await anext(lines)
                 assert sum(b.active for b in two_backends) == 1
         # Leaving the block closed the connection mid-stream.
-        for _ in range(100):
-            if sum(b.active for b in two_backends) == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert sum(b.active for b in two_backends) == 0
+        await eventually(
+            lambda: sum(b.active for b in two_backends) == 0, what="no request at a backend"
+        )
         assert sum(b.cancelled for b in two_backends) == 1
         assert len(app.core.live) == 0
         assert all(b.load.in_flight == 0 for b in app.core.fleet)
@@ -203,16 +202,14 @@ async def test_client_leaving_a_slow_non_streamed_request_aborts_it(two_backends
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         await writer.drain()
-        for _ in range(200):
-            if sum(b.active for b in two_backends) == 1:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: sum(b.active for b in two_backends) == 1, what="the request at a backend"
+        )
         writer.close()
-        for _ in range(200):
-            if sum(b.cancelled for b in two_backends) == 1:
-                break
-            await asyncio.sleep(0.01)
-        assert sum(b.cancelled for b in two_backends) == 1
+        await eventually(
+            lambda: sum(b.cancelled for b in two_backends) == 1,
+            what="the backend's request cancelled",
+        )
         assert sum(b.active for b in two_backends) == 0
         assert all(b.load.in_flight == 0 for b in app.core.fleet)
 
@@ -349,10 +346,9 @@ async def test_accounting_counts_in_flight_and_pending_prefill(two_backends):
         task = asyncio.create_task(
             c.post("/v1/completions", json={"model": "fake-model", "prompt": prompt})
         )
-        for _ in range(100):
-            if any(b.load.in_flight for b in app.core.fleet):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: any(b.load.in_flight for b in app.core.fleet), what="a request in flight"
+        )
         loads = [b.load for b in app.core.fleet]
         assert sum(ld.in_flight for ld in loads) == 1
         assert sum(ld.pending_prefill_tokens for ld in loads) == 100

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from fleet.tokens import estimate_tokens
 from fleet.types import Backend
 from policies.policy import Decision, RequestContext
 from simulator.fleet import SimFleet, start_fleet
-from tests.support.polling import eventually
+from tests.support.polling import eventually, eventually_blocking
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
@@ -138,14 +137,14 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
         env=env,
     )
     try:
-        deadline = time.monotonic() + 60
-        ready = False
-        while time.monotonic() < deadline and not ready:
+
+        def demo_ready() -> bool:
             try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200
+                return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200
             except httpx.HTTPError:
-                time.sleep(0.2)
-        assert ready, "demo never became ready"
+                return False
+
+        eventually_blocking(demo_ready, within=60, what="the demo ready", every=0.2)
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/completions",
             json={"model": MODEL, "prompt": "Hello", "max_tokens": 4},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import httpx
 import orjson
 
 from proxy.request.entry import Forwarder
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 
@@ -19,12 +19,11 @@ def read(path: Path) -> list[dict[str, Any]]:
 
 
 async def lines(path: Path, n: int) -> list[dict[str, Any]]:
-    for _ in range(500):
+    def enough() -> list[dict[str, Any]] | None:
         got = read(path)
-        if len(got) >= n:
-            return got
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"fewer than {n} lines in {path}")
+        return got if len(got) >= n else None
+
+    return await eventually(enough, what=f"{n} lines in {path}")
 
 
 async def test_one_json_line_per_request_with_its_fields(backend, tmp_path):

@@ -18,9 +18,10 @@ import orjson
 import pytest
 
 from simulator.fleet import SimFleet, start_fleet
-from tests.integration.simulator.conftest import eventually
 from tests.integration.test_movable_requests import Streamed, body_for, stream
 from tests.integration.test_workers import serve
+from tests.support.polling import eventually
+from tests.support.processes import free_port
 from tests.support.servers import fast_settings, running_proxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,45 +218,75 @@ async def test_consolidation_empties_the_less_loaded_engine(fleet: SimFleet) -> 
         assert counts.get('outcome="ok",policy="binpacking_consolidation"', 0) >= 1
 
 
+async def rescheduler_cycles(client: httpx.AsyncClient, metrics_url: str) -> float:
+    """Cycles the standalone rescheduler has run (each one read the proxy's view); 0 while
+    its metrics do not answer yet."""
+    try:
+        text = (await client.get(metrics_url)).text
+    except httpx.TransportError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("fleet_proxy_rescheduling_cycles_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+@contextlib.asynccontextmanager
+async def standalone_rescheduler(
+    client: httpx.AsyncClient, url: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`reschedule --proxy URL` as a child process, yielded once it has run a cycle against
+    the proxy: a loaded machine takes seconds to start it, and what it should move must not
+    have finished by then."""
+    metrics_port = free_port()
+    cmd = [sys.executable, "-m", "proxy.serving.cli", "reschedule", "--proxy", url,
+           "--rescheduling-interval-ms", "100", "--rescheduling-policies", "neutral_failover",
+           "--metrics-port", str(metrics_port), "--log-level", "warning"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=REPO, env=dict(os.environ))
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    async def cycled() -> bool:
+        assert proc.returncode is None, f"the rescheduler exited with {proc.returncode}"
+        return await rescheduler_cycles(client, metrics_url) >= 1
+
+    try:
+        await eventually(cycled, within=60, what="a first rescheduling cycle", every=0.1)
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), timeout=10)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def test_standalone_reschedule_moves_a_running_proxys_requests(fleet: SimFleet) -> None:
     settings = fast_settings(backends(fleet, ["n1", "n2"]), policy="round_robin")
-    body = body_for(PATH, max_tokens=400)
+    # Twice the others' length: the streams must still run when e0 is drained, however slow
+    # the machine.
+    body = body_for(PATH, max_tokens=800)
     async with running_proxy(settings) as (url, app), httpx.AsyncClient(timeout=60) as client:
         text = await reference(client, fleet, body)
         view = (await client.get(url + "/admin/rescheduler/view")).json()
         assert [i["id"] for i in view["instances"]] == ["e0", "e1"]
         assert (await client.get(url + "/admin/rescheduler")).json()["enabled"] is False
-        cmd = [sys.executable, "-m", "proxy.serving.cli", "reschedule", "--proxy", url,
-               "--rescheduling-interval-ms", "100", "--rescheduling-policies", "neutral_failover",
-               "--log-level", "warning"]  # fmt: skip
-        proc = await asyncio.create_subprocess_exec(*cmd, cwd=REPO, env=dict(os.environ))
-        try:
-            # Running before the streams start: its start-up would otherwise race them.
-            await eventually(lambda: views_taken(client, url, more_than=1), within=60)
+        # Up and cycling before any stream starts: nothing is drained, so it moves nothing.
+        async with standalone_rescheduler(client, url):
             assert (await client.post(f"{url}/admin/backends/e1/drain")).status_code == 200
             tasks, started = await start_streams(client, url, body, 3)
             await asyncio.wait_for(started.wait(), timeout=30)
+            assert len(app.core.live.on_backend("e0")) == 3
             assert (await client.post(f"{url}/admin/backends/e1/undrain")).status_code == 200
             assert (await client.post(f"{url}/admin/backends/e0/drain")).status_code == 200
-            await eventually(lambda: not app.core.live.on_backend("e0"), within=20)
+            await eventually(
+                lambda: not app.core.live.on_backend("e0"), within=20, what="e0 emptied"
+            )
             assert len(app.core.live.on_backend("e1")) == 3
             all_whole(list(await asyncio.gather(*tasks)), text)
             counts = await migrations_metric(client, url, "fleet_proxy_migrations_total")
             assert counts.get('outcome="ok",reason="neutral_failover"') == 3.0
-        finally:
-            proc.terminate()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), timeout=10)
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-
-
-async def views_taken(client: httpx.AsyncClient, url: str, more_than: int) -> bool:
-    """Whether the proxy has answered more than `more_than` GET /admin/rescheduler/view."""
-    answered = await migrations_metric(client, url, "http_requests_total")
-    key = 'handler="/admin/rescheduler/view",method="GET",status="2xx"'
-    return answered.get(key, 0) > more_than
 
 
 def legs_of(got: Streamed) -> list[dict[str, Any]]:

@@ -15,7 +15,8 @@ import pytest
 from policies.rendezvous import home
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
-from tests.integration.test_workers import Served, serve, wait_for
+from tests.integration.test_workers import Served, serve
+from tests.support.polling import eventually
 from tests.unit.policies.builders import backend
 
 MODEL = "sim-llama-8b"
@@ -72,7 +73,7 @@ async def dispatched(served: Served, total: int) -> list[int]:
         rows = [row["dispatched"] for row in info["rows"]]
         return sum(rows) == total
 
-    await wait_for(counted, within=10)
+    await eventually(counted, within=10, what="counted", every=0.05)
     return rows
 
 

@@ -17,6 +17,7 @@ import trustme
 import uvloop
 
 from proxy.backends.upstream import UpstreamError, UpstreamPool
+from tests.support.polling import eventually
 from tests.support.sockets import unanswering_listener
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -425,8 +426,7 @@ async def test_cancelling_while_waiting_for_the_head_closes_the_socket(serve, po
     saw_eof = asyncio.Event()
     server = await serve(holds_a_stream(saw_eof, head=False))
     task = asyncio.create_task(pool.request(server.origin, "/", [], b""))
-    while not server.accepted:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: server.accepted, what="the connection accepted")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -572,13 +572,11 @@ async def test_idle_connections_beyond_the_limit_are_closed(serve) -> None:
                 return await resp.read()
 
         both = asyncio.gather(one(), one())  # two at once: two connections
-        while len(server.requests) < 2:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(server.requests) >= 2, what="both requests at the server")
         gate.set()
         assert await both == [b"done", b"done"]
-        async with asyncio.timeout(5):
-            while eofs < 1:  # one of them is not kept
-                await asyncio.sleep(0.01)
+        # One of them is not kept.
+        await eventually(lambda: eofs >= 1, within=5, what="one connection closed")
         assert await one() == b"done"
         assert server.accepted == 2
         assert eofs == 1

@@ -12,7 +12,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
+from tests.support.polling import eventually
 from tests.support.processes import alive, refused
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,13 +39,6 @@ class Served:
         r.raise_for_status()
         data: dict[str, Any] = r.json()
         return data
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float = 15.0) -> None:
-    """Poll until true; a bound on a wait, not a timed assertion."""
-    async with asyncio.timeout(within):
-        while not await predicate():
-            await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
@@ -95,7 +89,7 @@ async def serve(
                     return all(r["routable"] == want for r in rows)
                 return False
 
-            await wait_for(every_worker_routes, within=30)
+            await eventually(every_worker_routes, within=30, what="every worker routes", every=0.05)
         yield served
     finally:
         if process.returncode is None:
@@ -188,7 +182,7 @@ async def test_two_workers_serve_share_load_and_admin_changes(
                     views[info["answered_by"]] = info["backends"]
                 return len(views) == 2
 
-            await wait_for(both_see_all_eight)
+            await eventually(both_see_all_eight, within=15, what="both see all eight", every=0.05)
             for bid in ids:
                 assert views[0][bid]["in_flight"] == views[1][bid]["peer_in_flight"]
                 assert views[1][bid]["in_flight"] == views[0][bid]["peer_in_flight"]
@@ -205,7 +199,7 @@ async def test_two_workers_serve_share_load_and_admin_changes(
                 rows = (await served.workers(client))["rows"]
                 return len({row["changes_applied_to"] for row in rows}) == 1
 
-            await wait_for(both_applied)
+            await eventually(both_applied, within=15, what="both applied", every=0.05)
             before = [row["dispatched"] for row in (await served.workers(client))["rows"]]
             after_drain = await burst(url, 80, 16, new_connections=True)
             assert all(r.status_code == 200 for r in after_drain)
@@ -250,7 +244,7 @@ async def test_workers_do_not_outlive_a_killed_supervisor(backends: list[FakeBac
         async def all_gone() -> bool:
             return not any(alive(pid) for pid in pids)
 
-        await wait_for(all_gone)
+        await eventually(all_gone, within=15, what="all gone", every=0.05)
 
 
 @pytest.mark.slow
@@ -277,7 +271,7 @@ async def test_a_stopping_proxy_refuses_new_connections_while_a_stream_finishes(
                     return await refused(int(served.url.rsplit(":", 1)[1]))
 
                 # Within 3 s, while the stream has about 6 s to go.
-                await wait_for(refusing, within=3)
+                await eventually(refusing, within=3, what="refusing", every=0.05)
                 rest = [ln for ln in [ln async for ln in lines] if ln.startswith("data: ")]
             assert len(rest) >= 10 and rest[-1] == "data: [DONE]"
             assert await asyncio.wait_for(served.process.wait(), timeout=20) == 0

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.real_vllm.tier import Proxy, Tier, engine_metric, wait_until
+from tests.real_vllm.tier import Proxy, Tier, engine_metric
+from tests.support.polling import holds_within_blocking
 
 pytestmark = pytest.mark.real_vllm
 
@@ -55,8 +56,8 @@ def disconnect_mid_stream(proxy: Proxy, tier: Tier, endpoint: str) -> bool:
     for _ in range(5):
         next(data_lines)
     # The engine's gauges follow its steps; on a loaded machine they may trail the chunks.
-    running = wait_until(
-        lambda: engine_metric(engine.url, "vllm:num_requests_running") == 1, timeout=10.0
+    running = holds_within_blocking(
+        lambda: engine_metric(engine.url, "vllm:num_requests_running") == 1, 10.0
     )
     if not running:
         resp.close()
@@ -73,8 +74,8 @@ def disconnect_mid_stream(proxy: Proxy, tier: Tier, endpoint: str) -> bool:
     closed_at = time.monotonic()
     generated_at_close = engine_metric(engine.url, "vllm:generation_tokens_total")
     # The engine's running count is back to 0 within a second of the client leaving.
-    assert wait_until(
-        lambda: engine_metric(engine.url, "vllm:num_requests_running") == 0, timeout=1.0
+    assert holds_within_blocking(
+        lambda: engine_metric(engine.url, "vllm:num_requests_running") == 0, 1.0
     ), f"still running {time.monotonic() - closed_at:.2f} s after the client left"
     finished = engine_metric(engine.url, "vllm:request_success_total")
     generated_total = engine_metric(engine.url, "vllm:generation_tokens_total")

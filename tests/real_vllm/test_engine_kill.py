@@ -15,6 +15,7 @@ import pytest
 
 from tests.real_vllm.moves import TOTAL, body, read_stream
 from tests.real_vllm.tier import Engine, Tier, start_proxy
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.real_vllm
 
@@ -25,12 +26,15 @@ TOKENS = 3000  # long enough that the killed engine is surely mid-stream (the mo
 async def busy_backend(client: httpx.AsyncClient, url: str) -> str:
     """The backend of a live request with a few tokens relayed and most still to come (the
     proxy's view): these engines sometimes send a whole stream in one burst at its end."""
-    while True:
+
+    async def found() -> str | None:
         rows = (await client.get(url + "/admin/requests")).json()
         for row in rows:
             if 8 <= (row["tokens_generated"] or 0) <= TOKENS // 2:
                 return str(row["backend"])
-        await asyncio.sleep(0.02)
+        return None
+
+    return await eventually(found, within=120, what="a stream part-way", every=0.02)
 
 
 async def freeze_a_busy_engine(client: httpx.AsyncClient, url: str, tier: Tier) -> Engine:

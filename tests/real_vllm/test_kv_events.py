@@ -19,7 +19,8 @@ import httpx
 import pytest
 import zmq
 
-from tests.real_vllm.tier import Engine, Tier, cache_config, engine_metric, wait_until
+from tests.real_vllm.tier import Engine, Tier, cache_config, engine_metric
+from tests.support.polling import holds_within_blocking
 from tests.support.vllm_kv_wire import (
     END_SEQ,
     Batch,
@@ -163,7 +164,9 @@ def counters_after(engine: Engine, before: tuple[float, float], queried: int) ->
         now = prefix_counters(engine)
         return now[1] - before[1] >= queried
 
-    assert wait_until(counted, WAIT, interval=0.2), f"queries stayed at {now[1] - before[1]}"
+    assert holds_within_blocking(counted, WAIT, every=0.2), (
+        f"queries stayed at {now[1] - before[1]}"
+    )
     return int(now[0] - before[0]), int(now[1] - before[1])
 
 
@@ -248,7 +251,7 @@ def test_a_reset_is_announced_with_the_next_steps_batch(
         assert r.status_code == 200, f"{r.status_code} {r.text} (needs VLLM_SERVER_DEV_MODE=1)"
         return bool(r.json()["success"])
 
-    assert wait_until(reset, WAIT, interval=0.5), "the prefix cache was never reset"
+    assert holds_within_blocking(reset, WAIT, every=0.5), "the prefix cache was never reset"
     before = prefix_counters(engine)
     complete(kv_events_tier, engine, prompt)
     batches = sub.until_stored(chunks(prompt, size), "BlockStored after the reset")

@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.real_vllm.tier import Proxy, Tier, cache_config, engine_samples, wait_until
+from tests.real_vllm.tier import Proxy, Tier, cache_config, engine_samples
+from tests.support.polling import holds_within_blocking
 
 pytestmark = pytest.mark.real_vllm
 
@@ -60,9 +61,10 @@ def test_idle_view_matches_each_engine(proxy: Proxy, tier: Tier) -> None:
         expected = engine_view(engine.url)
         assert expected["prefix_queries"] > 0 and expected["prefix_hits"] > 0
         backend_id = engine.backend_id
-        assert wait_until(lambda: proxy_view(proxy, backend_id) == expected, SCRAPE_WAIT), (  # noqa: B023
-            f"{backend_id}: proxy {proxy_view(proxy, backend_id)} != engine {expected}"
-        )
+        assert holds_within_blocking(
+            lambda: proxy_view(proxy, backend_id) == expected,  # noqa: B023
+            SCRAPE_WAIT,
+        ), f"{backend_id}: proxy {proxy_view(proxy, backend_id)} != engine {expected}"
         seen = proxy.backend(engine.backend_id)["metrics"]
         config = cache_config(engine.url)
         assert seen["block_size"] == int(config["block_size"])
@@ -99,7 +101,7 @@ def test_busy_view_shows_the_running_request_and_its_kv(proxy: Proxy, tier: Tier
             view = proxy_view(proxy, engine.backend_id)
             return bool(view["running"] == 1 and view["kv_usage"] > 0)
 
-        assert wait_until(lambda: engine_busy() and proxy_busy(), BUSY_FOR - 30), (
+        assert holds_within_blocking(lambda: engine_busy() and proxy_busy(), BUSY_FOR - 30), (
             engine_view(engine.url),
             proxy_view(proxy, engine.backend_id),
         )
@@ -111,7 +113,9 @@ def test_busy_view_shows_the_running_request_and_its_kv(proxy: Proxy, tier: Tier
         chain.join(timeout=120)
     assert sent, "the chain sent no request"
     # The chain has ended its last request; the proxy's view follows the engine to idle.
-    assert wait_until(lambda: proxy_view(proxy, engine.backend_id)["running"] == 0, SCRAPE_WAIT)
+    assert holds_within_blocking(
+        lambda: proxy_view(proxy, engine.backend_id)["running"] == 0, SCRAPE_WAIT
+    )
 
 
 def keep_busy(url: str, model: str, stop: threading.Event, sent: list[int]) -> None:

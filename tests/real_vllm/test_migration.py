@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from tests.real_vllm.moves import Read, body, read_stream
-from tests.real_vllm.tier import Proxy, Tier, engine_metric, wait_until
+from tests.real_vllm.tier import Proxy, Tier, engine_metric
+from tests.support.polling import eventually, holds_within_blocking
 
 pytestmark = pytest.mark.real_vllm
 
@@ -24,15 +25,22 @@ async def move_when_running(
 ) -> dict[str, object]:
     """Move the live request as soon as the proxy has relayed a few of its tokens; {} when
     the stream ended first."""
-    while not stream.done():
+
+    async def relaying() -> tuple[str | None] | None:
+        """(its id,) once it has relayed a few tokens, (None,) if it ended first."""
+        if stream.done():
+            return (None,)
         rows = (await client.get(proxy.url + "/admin/requests")).json()
         if rows and (rows[0]["tokens_generated"] or 0) >= 8:
-            rid = rows[0]["request_id"]
-            resp = await client.post(f"{proxy.url}/admin/requests/{rid}/migrate", json={})
-            result: dict[str, object] = resp.json()
-            return result
-        await asyncio.sleep(0.01)
-    return {}
+            return (str(rows[0]["request_id"]),)
+        return None
+
+    (rid,) = await eventually(relaying, within=300, what="a few tokens relayed", every=0.01)
+    if rid is None:
+        return {}
+    resp = await client.post(f"{proxy.url}/admin/requests/{rid}/migrate", json={})
+    result: dict[str, object] = resp.json()
+    return result
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
@@ -59,4 +67,6 @@ async def test_a_planned_move_continues_token_exactly(
     assert got.text == reference.text
     assert moved["source"] == got.backend and moved["target"] != got.backend
     source = tier.by_backend_id(got.backend)
-    assert wait_until(lambda: engine_metric(source.url, "vllm:num_requests_running") == 0, 10.0)
+    assert holds_within_blocking(
+        lambda: engine_metric(source.url, "vllm:num_requests_running") == 0, 10.0
+    )

@@ -24,8 +24,8 @@ from tests.real_vllm.tier import (
     cache_config,
     engine_metric,
     start_proxy,
-    wait_until,
 )
+from tests.support.polling import holds_within_blocking
 
 pytestmark = pytest.mark.real_vllm
 
@@ -100,7 +100,7 @@ def check_routed_to(proxy: Proxy, tier: Tier, holder: Engine) -> None:
 
     # The engine's events reach the proxy: its index for the holder grows by those blocks
     # (at least; the one generated token fills no block) and stands in routing for it.
-    assert wait_until(
+    assert holds_within_blocking(
         lambda: (
             kv_metric(proxy, "blocks_indexed", holder.backend_id) >= blocks_before + 5
             and kv_metric(proxy, "index_precise", holder.backend_id) == 1.0

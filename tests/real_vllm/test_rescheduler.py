@@ -12,7 +12,6 @@ import asyncio
 import os
 import re
 import signal
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import yaml
 
 from tests.real_vllm.moves import Read, body, read_stream
 from tests.real_vllm.tier import Proxy, Tier, start_proxy
+from tests.support.polling import eventually, holds_within
 
 pytestmark = pytest.mark.real_vllm
 
@@ -70,14 +70,18 @@ async def both_running_on(
     client: httpx.AsyncClient, proxy: Proxy, backend: str, streams: list[asyncio.Task[Read]]
 ) -> bool:
     """Both streams have relayed a few tokens from `backend`; False if one ended first."""
-    while not any(s.done() for s in streams):
+
+    async def outcome() -> str | None:
+        if any(s.done() for s in streams):
+            return "ended"
         rows = (await client.get(proxy.url + "/admin/requests")).json()
-        if len(rows) == 2 and all(
+        both = len(rows) == 2 and all(
             r["backend"] == backend and (r["tokens_generated"] or 0) >= 8 for r in rows
-        ):
-            return True
-        await asyncio.sleep(0.02)
-    return False
+        )
+        return "running" if both else None
+
+    got = await eventually(outcome, within=120, what="both streams relaying", every=0.02)
+    return got == "running"
 
 
 async def scraped_running(client: httpx.AsyncClient, proxy: Proxy, backend: str) -> float:
@@ -86,15 +90,6 @@ async def scraped_running(client: httpx.AsyncClient, proxy: Proxy, backend: str)
         if b["id"] == backend and b["metrics"] is not None:
             return float(b["metrics"]["running"])
     return 0.0
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], within: float) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_the_rescheduler_moves_a_running_request_off_the_busier_engine(
@@ -131,13 +126,13 @@ async def test_the_rescheduler_moves_a_running_request_off_the_busier_engine(
                 # Once the proxy's scrape shows the busy engine running both, it is frozen
                 # (SIGSTOP), so that a burst cannot finish them before the rescheduler's next
                 # cycle; it thaws once the move is done, or after 10 s.
-                frozen = ready and await wait_for(seen_running, within=10)
+                frozen = ready and await holds_within(seen_running, within=10, every=0.05)
                 if frozen:
                     os.killpg(busy.pid, signal.SIGSTOP)
                 try:
                     await client.post(f"{proxy.url}/admin/backends/{idle.backend_id}/undrain")
                     if frozen:
-                        await wait_for(moved, within=10)
+                        await holds_within(moved, within=10, every=0.05)
                 finally:
                     if frozen:
                         os.killpg(busy.pid, signal.SIGCONT)

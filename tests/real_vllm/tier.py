@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.polling import holds_within_blocking
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "fleet-proxy" / "real-vllm"
@@ -172,17 +173,6 @@ def cache_config(url: str) -> dict[str, str]:
     raise AssertionError(f"{url}/metrics has no vllm:cache_config_info")
 
 
-def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
-    """Poll `predicate` until true or `timeout` seconds pass; True when it became true."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
 # --- the proxy under test, as a subprocess on a free port ---
 
 
@@ -267,7 +257,7 @@ def start_proxy(
             return False
         return len(views) == len(tier.engines) and all(v["routable"] for v in views)
 
-    ready = wait_until(all_routable, timeout, interval=0.2)
+    ready = holds_within_blocking(all_routable, timeout, every=0.2)
     if process.poll() is not None or not ready:
         proxy.stop()
         pytest.fail(f"`{' '.join(cmd)}` did not become ready:\n{proxy.log_tail()}", pytrace=False)

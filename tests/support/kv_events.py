@@ -20,13 +20,6 @@ SIM_KV_EVENTS = (
 )
 
 
-async def eventually(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    """Poll until true: a bound on a wait, not a timed assertion."""
-    async with asyncio.timeout(within):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 def fresh_prompts(word: str) -> Iterator[str]:
     """Prompts sharing no first block: each one caches blocks of its own, so each one makes
     an engine publish."""

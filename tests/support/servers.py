@@ -13,6 +13,7 @@ import uvicorn
 from proxy.serving.app import FleetProxyApp, create_app
 from proxy.serving.front_door import uvicorn_config
 from proxy.settings import Settings, load_settings
+from tests.support.polling import eventually
 
 
 def fast_settings(backends: list[str], **extra: Any) -> Settings:
@@ -38,23 +39,22 @@ async def running_proxy(
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
-        for _ in range(500):
-            if server.started:
-                break
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
+
+        def listening() -> bool:
+            if not server.started and task.done():
+                task.result()  # a failed start raises its own error, at once
+            return server.started
+
+        await eventually(listening, within=30, what="the proxy listening")
         port = server.servers[0].sockets[0].getsockname()[1]
         url = f"http://127.0.0.1:{port}"
         if wait_ready:
             async with httpx.AsyncClient() as client:
-                for _ in range(300):
-                    r = await client.get(url + "/ready")
-                    if r.status_code == 200:
-                        break
-                    await asyncio.sleep(0.02)
-                else:
-                    raise RuntimeError("proxy never became ready")
+
+                async def ready() -> bool:
+                    return (await client.get(url + "/ready")).status_code == 200
+
+                await eventually(ready, within=30, what="the proxy ready", every=0.02)
         yield url, app
     finally:
         server.should_exit = True

@@ -12,6 +12,7 @@ import httpx
 
 from simulator.fleet import start_fleet
 from simulator.tokenizer import Tokenizer
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
@@ -39,12 +40,14 @@ async def warm(url: str, n: int) -> None:
 
 async def observed(client: httpx.AsyncClient, ids: list[str], requests: int) -> None:
     """Until the proxy's last scrape of each engine has `requests` finished prefills."""
-    for _ in range(500):
+
+    async def scraped() -> bool:
         views = {b["id"]: b for b in (await client.get("/admin/backends")).json()}
-        if all((views[i]["metrics"] or {}).get("prefill_time_count", 0) >= requests for i in ids):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the proxy never scraped the warm-up")
+        return all(
+            (views[i]["metrics"] or {}).get("prefill_time_count", 0) >= requests for i in ids
+        )
+
+    await eventually(scraped, within=30, what="the proxy's scrape of the warm-up", every=0.02)
 
 
 async def test_the_slo_header_routes_by_predicted_latency() -> None:

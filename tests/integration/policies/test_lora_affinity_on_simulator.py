@@ -17,6 +17,7 @@ from proxy.settings import load_settings
 from simulator.fleet import start_fleet
 from simulator.lora import LoraConfig
 from simulator.tokenizer import Tokenizer
+from tests.support.polling import eventually
 from tests.support.servers import running_proxy
 
 EPP = """
@@ -95,17 +96,17 @@ async def test_requests_go_where_their_adapter_runs(tmp_path: Path) -> None:
             running_proxy(load_settings(config_file=path)) as (url, _),
             httpx.AsyncClient(base_url=url, timeout=60) as client,
         ):
-            # until the proxy has scraped each engine running its adapter
-            for _ in range(500):
+
+            async def adapters_seen() -> bool:
                 running = {
                     b["id"]: (b["metrics"] or {}).get("lora_running")
                     for b in (await client.get("/admin/backends")).json()
                 }
-                if running == {sql_host: ["sql-lora"], chat_host: ["chat-lora"]}:
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError(f"the proxy never saw the adapters running: {running}")
+                return running == {sql_host: ["sql-lora"], chat_host: ["chat-lora"]}
+
+            await eventually(
+                adapters_seen, within=30, what="each engine's adapter seen running", every=0.02
+            )
 
             for adapter, home, other in (
                 ("sql-lora", sql_host, chat_host),

@@ -24,8 +24,9 @@ from simulator.kv_events_config import parse_kv_events_config
 from simulator.lora import parse_lora_modules
 from simulator.server import EngineServer
 from simulator.tokenizer import Tokenizer
-from tests.integration.test_workers import serve, wait_for
-from tests.support.kv_events import SIM_KV_EVENTS, eventually
+from tests.integration.test_workers import serve
+from tests.support.kv_events import SIM_KV_EVENTS
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
@@ -300,7 +301,7 @@ async def test_both_workers_of_one_proxy_follow_the_events(
                     known.add(worker)
                 return len(known) == 2
 
-            await wait_for(every_worker_knows, within=30)
+            await eventually(every_worker_knows, within=30, what="every worker knows", every=0.05)
             n = 0
 
             async def every_worker_routed() -> bool:
@@ -316,4 +317,4 @@ async def test_both_workers_of_one_proxy_follow_the_events(
                     rows = (await served.workers(fresh))["rows"]
                 return all(row["dispatched"] > 0 for row in rows)
 
-            await wait_for(every_worker_routed, within=60)
+            await eventually(every_worker_routed, within=60, what="every worker routed", every=0.05)

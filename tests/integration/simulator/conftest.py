@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -50,17 +49,3 @@ async def read_sse(resp: aiohttp.ClientResponse) -> tuple[list[dict[str, Any]], 
             return chunks, True
         chunks.append(orjson.loads(payload))
     return chunks, False
-
-
-async def eventually(cond: Callable[[], bool | Awaitable[bool]], within: float = 10.0) -> None:
-    """Poll until `cond` holds (a wait for an outcome, not a timing assertion)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        got = cond()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)

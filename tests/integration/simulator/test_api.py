@@ -6,7 +6,8 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.fleet import SimFleet
-from tests.integration.simulator.conftest import eventually, post_json, read_sse
+from tests.integration.simulator.conftest import post_json, read_sse
+from tests.support.polling import eventually
 
 MODEL = "sim-llama-8b"
 

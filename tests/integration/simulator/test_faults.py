@@ -7,7 +7,8 @@ import orjson
 import pytest
 
 from simulator.fleet import SimFleet
-from tests.integration.simulator.conftest import eventually, post_json, read_sse
+from tests.integration.simulator.conftest import post_json, read_sse
+from tests.support.polling import eventually
 
 MODEL = "sim-llama-8b"
 LONG = {"model": MODEL, "prompt": "tell me more", "max_tokens": 60, "ignore_eos": True}

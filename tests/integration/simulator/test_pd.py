@@ -8,7 +8,8 @@ from fleet.types import Role
 from proxy.backends.kv_transfer import remote_decode_params
 from simulator.fleet import SimFleet, start_fleet
 from simulator.tokenizer import Tokenizer
-from tests.integration.simulator.conftest import eventually, post_json
+from tests.integration.simulator.conftest import post_json
+from tests.support.polling import eventually
 
 MODEL = "sim-llama-8b"
 PREFILL_KV = remote_decode_params()

@@ -13,6 +13,7 @@ from bench.cli import main
 from bench.fake_openai import FakeState, start
 from bench.runner import Replay, RunOptions
 from bench.synthetic import chat_sessions
+from tests.support.polling import eventually
 
 from .conftest import FakeServer
 
@@ -206,9 +207,9 @@ async def test_interrupted_campaign_writes_what_it_collected(tmp_path: Path) -> 
         )
         campaign = Campaign(plan)
         task = asyncio.create_task(campaign.run())
-        # until all three workers have a request in flight
-        while state.requests < 3:
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: state.requests >= 3, what="all three workers with a request in flight"
+        )
         task.cancel()
         summary = await task
     finally:

@@ -4,12 +4,14 @@ in-memory KubeApi with scripted watch streams."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from fleet.kube import EventType, Gone, PodList, WatchEvent, pod_from_json, watch_event
 from fleet.pod_watch import PodSet, PodWatcher, applied, backoff_s, relisted
 from tests.support.fake_kube import FakeKube, ready_pod
+from tests.support.polling import eventually
 
 A, B = ready_pod("a", "10.0.0.1"), ready_pod("b", "10.0.0.2")
 
@@ -46,14 +48,11 @@ def test_backoff_doubles_up_to_the_cap() -> None:
     assert [backoff_s(n, 0.5, 3.0) for n in range(5)] == [0.0, 0.5, 1.0, 2.0, 3.0]
 
 
-async def run_until(watcher: PodWatcher, done: object) -> None:
+async def run_until(watcher: PodWatcher, done: Callable[[], bool]) -> None:
     task = asyncio.create_task(watcher.run())
     try:
-        for _ in range(1000):  # bounded: each turn is a scheduler step, no clock involved
-            if callable(done) and done():
-                return
-            await asyncio.sleep(0)
-        raise AssertionError("the watcher did not get there")
+        # Once per scheduler turn: the fake API answers without a clock.
+        await eventually(done, within=5, what="the watcher got there", every=0)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -5,7 +5,7 @@ a replacement waits for it; with two workers the changes reach both through the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from proxy.control.discovery_loop import DiscoveryLoop
 from proxy.control.peer_sync import PeerSync, SharedChanges
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
+from tests.support.polling import eventually
 
 
 class HandSource:
@@ -40,17 +41,9 @@ def want(*specs: BackendSpec) -> Desired:
     return {s.id: s for s in specs}
 
 
-async def until(cond: Callable[[], bool]) -> None:
-    for _ in range(400):  # bounded poll: the removal polls every 50 ms
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never happened")
-
-
 async def added(core: ProxyCore, loop: DiscoveryLoop, spec: BackendSpec) -> Backend:
     loop.publish(want(spec))
-    await until(lambda: core.fleet.get(spec.id) is not None)
+    await eventually(lambda: core.fleet.get(spec.id) is not None)
     backend = core.fleet.get(spec.id)
     assert backend is not None
     return backend
@@ -75,12 +68,12 @@ async def test_wanted_backends_are_added_and_other_sources_kept(
     core: ProxyCore, loop: DiscoveryLoop
 ) -> None:
     loop.publish(want(pod("p1"), pod("p2", "10.0.0.2")))
-    await until(lambda: core.fleet.get("p2") is not None)
+    await eventually(lambda: core.fleet.get("p2") is not None)
     p1 = core.fleet.get("p1")
     assert p1 is not None and p1.spec.source == KUBERNETES
     assert not p1.healthy  # not routable before its first health check
     loop.publish({})
-    await until(lambda: len(core.fleet) == 1)
+    await eventually(lambda: len(core.fleet) == 1)
     assert [b.spec.source for b in core.fleet] == [STATIC]
 
 
@@ -91,10 +84,10 @@ async def test_a_gone_backend_drains_and_leaves_once_its_requests_are_done(
     old.load.in_flight = 1  # a request that cannot move
     # The pod is recreated under the same name: the old backend must leave first.
     loop.publish(want(pod("p1", uid="u2")))
-    await until(lambda: old.draining)
+    await eventually(lambda: old.draining)
     assert loop.leaving() == ["p1"] and core.fleet.get("p1") is old
     old.load.in_flight = 0
-    await until(lambda: (b := core.fleet.get("p1")) is not None and b is not old)
+    await eventually(lambda: (b := core.fleet.get("p1")) is not None and b is not old)
     new = core.fleet.get("p1")
     assert new is not None and new.spec.instance == "u2" and not new.draining
     assert loop.leaving() == []
@@ -106,7 +99,7 @@ async def test_a_changed_role_updates_the_backend_in_place(
     before = await added(core, loop, pod("p1"))
     before.load.dispatched_total = 7
     loop.publish(want(pod("p1", role=Role.DECODE)))
-    await until(lambda: before.role is Role.DECODE)
+    await eventually(lambda: before.role is Role.DECODE)
     assert core.fleet.get("p1") is before and before.load.dispatched_total == 7
 
 
@@ -134,7 +127,7 @@ async def test_with_two_workers_discovery_in_one_reaches_both(
         assert s1.slots.items() == s0.slots.items()  # the same shared load slots
         d.publish(want(pod("p2", "10.0.0.2", unit="u")))
         await d.step()
-        await until(lambda: core.fleet.get("p1") is None)
+        await eventually(lambda: core.fleet.get("p1") is None)
         s1.step()
         p2 = other.get("p2")
         assert p2 is not None and p2.spec.unit == "u" and p2.spec.source == KUBERNETES

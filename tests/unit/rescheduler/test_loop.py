@@ -9,6 +9,7 @@ from rescheduler.executor import MoveOutcome
 from rescheduler.loop import ReschedulerLoop
 from rescheduler.metrics import ReschedulerMetrics
 from rescheduler.view import ClusterView, InferType, InstanceView, Migration, RequestView
+from tests.support.polling import eventually
 
 
 def a_view(t: float) -> ClusterView:
@@ -110,9 +111,7 @@ async def test_cycles_never_overlap() -> None:
     ex = Recorder(delay=0.05)  # each execution outlasts the interval
     loop, _ = make(ex)
     task = asyncio.create_task(loop.run())
-    async with asyncio.timeout(10):
-        while len(ex.batches) < 3:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: len(ex.batches) >= 3, what="three cycles")
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert not ex.overlapped
