@@ -41,40 +41,46 @@ from policies.policy import RequestContext
 from proxy.asgi import Send, response_headers
 from proxy.backends.accounting import Dispatch
 from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
-from proxy.errors import ProxyError, openai_not_found
+from proxy.errors import ProxyError, openai_not_found, sse_error_event
 from proxy.ports import FinishedRequest, RequestServices
-from proxy.request.legs import Leg, LegOpener, RetryableUpstream, receipt_header
-from proxy.request.mover import DONE_EVENT, Break, MoveOrder, SessionMoves
+from proxy.request.leg_services import LegServices
+from proxy.request.legs import Leg, receipt_header
+from proxy.request.mover import Break, Mover, Splice
+from proxy.request.upstream_opener import RetryableUpstream, report_failure
 from proxy.stream.assembled_answer import Assembler
 from proxy.stream.continuation import Movability
-from proxy.stream.splice import Splicer
+from proxy.stream.splice import Splicer, StreamIdentity
+from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
 from proxy.stream.token_ledger import EventAligner, TokenLedger
 
 log = logging.getLogger("fleet_proxy.session")
 
-_ERROR_EVENT = b'data: {"error"'
 
-
-class RequestSession(SessionMoves):
+class RequestSession:
     __slots__ = (
         "_assembler",
         "_body_fields",
         "_charge",
         "_clock",
         "_core",
-        "_first_body",
         "_leg_live",
+        "_legs",
         "_metrics",
-        "_movability",
+        "_mover",
         "_opened",
-        "_opener",
+        "_opening",
+        "_opening_down",
+        "_opening_resp",
         "_send",
         "_settings",
+        "_splicer",
         "_strip",
+        "_wait_from",
         "answer",
         "arrived",
         "ctx",
         "dispatch",
+        "first_body",
         "first_token_at",
         "headers",
         "last_sent",
@@ -88,7 +94,7 @@ class RequestSession(SessionMoves):
     def __init__(
         self,
         core: RequestServices,
-        opener: LegOpener,
+        legs: LegServices,
         path: str,
         ctx: RequestContext,
         body: bytes,
@@ -101,7 +107,7 @@ class RequestSession(SessionMoves):
         self._clock = core.clock
         self._settings = core.settings
         self._metrics = core.metrics
-        self._opener = opener
+        self._legs = legs
         self.path = path
         self.ctx = ctx
         self.headers = headers  # end-to-end headers for every backend, x-request-id last
@@ -109,11 +115,10 @@ class RequestSession(SessionMoves):
         self._wait_from = 0.0  # clock time the current leg was sent: its wait for output
         self._send = send
         self.arrived = arrived
-        self._movability = movability
         # The backend a leg is being opened on, before its answer's head arrived.
         self._opening: Backend | None = None
         self._opening_resp: UpstreamResponse | None = None
-        self._opening_down: str | None = None
+        self._opening_down: str | None = None  # it was found down before the request was written
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
         self.legs: list[Leg] = []  # every leg that answered, in order
@@ -121,35 +126,14 @@ class RequestSession(SessionMoves):
         self._leg_live = False  # the current leg has produced output
         self.first_token_at: float | None = None
         self.last_sent = 0.0
-        self.moves = 0
-        self._order: MoveOrder | None = None
-        self._staging = False
-        self._cut_at: float | None = None  # when the stream was cut for a move in progress
         self._splicer: Splicer | None = None
         self._charge = ctx.prompt_tokens
         client_ids = ctx.body.get("return_token_ids") is True
         self._strip = not client_ids
-        self._body_fields: dict[str, Any] = {}
-        self._first_body = body
-        self._assembler: Assembler | None = None
-        self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
-        self.ledger: TokenLedger | None = None
-        if movability is not None and movability.movable:
-            self.ledger = TokenLedger()
-            self.ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
-            if ctx.stream:
-                if not client_ids:
-                    self._body_fields = {"return_token_ids": True}
-                    self._first_body = _with_token_ids(body, ctx.body)
-            else:
-                # Streamed from the backend and answered whole: the request can move.
-                self._body_fields = {
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                    "return_token_ids": True,
-                }
-                self._first_body = orjson.dumps({**ctx.body, **self._body_fields})
-                self._assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids)
+        self.first_body, self._body_fields, self.ledger, self._assembler = _shaped(
+            ctx, body, movability, client_ids
+        )
+        self._mover = Mover(self, core, legs, ctx, self.ledger, movability)
 
     # --- what the live table and the admin API read
 
@@ -188,22 +172,20 @@ class RequestSession(SessionMoves):
         return len(ledger.generated) if ledger is not None else 0
 
     def movable_reason(self, planned: bool) -> str:
-        m = self._movability
-        if m is None:
-            return "not_generation"
-        if not m.movable:
-            return m.reason
-        if planned and not m.planned:
-            return m.reason
-        ledger = self.ledger
-        if ledger is not None and ledger.not_movable:
-            return ledger.not_movable
-        if self.moves >= self._settings.max_moves:
-            return "move_limit"
-        return ""
+        return self._mover.movable_reason(planned)
+
+    async def move(
+        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+    ) -> MoveResult:
+        """Cut the stream after the last token its client received and continue it on `to`
+        (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
+        setting; proxy/stream/move_kinds.py); resolves once the target sent its first token, the
+        move failed, or the request ended first. Raises NotMovable."""
+        return await self._mover.move(to, reason, kind)
 
     def view(self) -> dict[str, Any]:
         ledger = self.ledger
+        why = self.movable_reason(planned=False)
         return {
             "request_id": self.ctx.request_id,
             "upstream_request_id": self.upstream_request_id,
@@ -216,9 +198,9 @@ class RequestSession(SessionMoves):
             "tokens_generated": len(ledger.generated) if ledger is not None else None,
             "attempts": len(self.tried),
             "first_token": self.first_token_at is not None,
-            "movable": self.movable_reason(planned=False) == "",
-            "not_movable_reason": self.movable_reason(planned=False) or None,
-            "moves": self.moves,
+            "movable": why == "",
+            "not_movable_reason": why or None,
+            "moves": self._mover.moves,
             "legs": [leg.receipt() for leg in self.legs],
         }
 
@@ -232,7 +214,7 @@ class RequestSession(SessionMoves):
             ctx.stream,
             [leg.backend.id for leg in self.legs],
             len(self.tried),
-            self.moves,
+            self._mover.moves,
             None if first is None else first - self.arrived,
             ctx.prompt_tokens,
             self.answer,
@@ -248,7 +230,7 @@ class RequestSession(SessionMoves):
                 self._opening_down = why
             return
         leg = self.leg
-        if leg is not None and not leg.closed and self._order is None:
+        if leg is not None and not leg.closed and not self._mover.ordered:
             leg.resp.interrupt(why)
 
     def waiting_since(self) -> float | None:
@@ -266,7 +248,13 @@ class RequestSession(SessionMoves):
             resp = leg.resp if leg is not None and not leg.closed else None
         return resp.last_read if resp is not None else 0.0
 
-    def _leg_headers(self) -> list[tuple[bytes, bytes]]:
+    # --- opening legs: the first, its retries and the continuations of a moved stream
+
+    @property
+    def opening(self) -> bool:
+        return self._opening is not None
+
+    def leg_headers(self) -> list[tuple[bytes, bytes]]:
         """The headers of the next leg: after the first, its x-request-id gets a suffix, so a
         retry or a continuation never shares an id with a request an engine may still hold
         (a P/D prefill leg shares its decode leg's id, as the KV transfer expects)."""
@@ -278,10 +266,39 @@ class RequestSession(SessionMoves):
         name, value = headers[-1]
         return [*headers[:-1], (name, b"%s-%d" % (value, n))]
 
+    async def open_leg(
+        self,
+        backend: Backend,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        charge: int,
+    ) -> UpstreamResponse:
+        """Send a leg's request to `backend`, the request's accounting moved there with
+        `charge` prompt tokens to compute. Until its answer's head comes the request is
+        `opening` there, and `backend_down` interrupts it. Raises RetryableUpstream (nothing
+        stays charged then)."""
+        self.dispatch.move(backend.load, charge)
+        self._opening = backend
+        self._wait_from = self._clock.now()
+        try:
+            return await self._legs.upstream.request(backend, path, headers, body, self._sent)
+        except BaseException:
+            self.dispatch.release()
+            raise
+        finally:
+            self._opening = self._opening_resp = self._opening_down = None
+
     def _sent(self, resp: UpstreamResponse) -> None:
         self._opening_resp = resp
         if self._opening_down is not None:
             resp.interrupt(self._opening_down)
+
+    def note_failure(self, e: RetryableUpstream) -> None:
+        report_failure(
+            self._core.health, self.ctx.request_id, e, len(self.tried),
+            time.perf_counter() - self.arrived,
+        )  # fmt: skip
 
     # --- the request's life
 
@@ -292,18 +309,16 @@ class RequestSession(SessionMoves):
             leg, whole = await self._open_first()
             return await self._serve(leg, whole)
         finally:
-            self._close_leg()
+            self.close_leg()
             self.dispatch.release()
             core.live.remove(self)
-            order = self._order
-            if order is not None and not order.done.done():
-                order.done.set_result(MoveResult("finished", self.backend_id))
+            self._mover.ended(self.backend_id)
 
     async def _open_first(self) -> tuple[Leg, bytes | None]:
         try:
             return await self._attempt_first()
         except RetryableUpstream as first:
-            self._note_failure(first)
+            self.note_failure(first)
             last = first
         settings = self._settings
         if settings.max_attempts <= 1:
@@ -321,7 +336,7 @@ class RequestSession(SessionMoves):
                     try:
                         return await self._attempt_first()
                     except RetryableUpstream as e:
-                        self._note_failure(e)
+                        self.note_failure(e)
                         last = e
                         raise
         except RetryableUpstream:
@@ -335,34 +350,24 @@ class RequestSession(SessionMoves):
         """Open the first leg; answers the proxy relays whole are read here, so a break
         while reading one can still be retried."""
         ctx = self.ctx
-        opener = self._opener
-        decision = opener.choose(ctx, self.tried, first=True)
+        legs = self._legs
+        decision = legs.chooser.choose(ctx, self.tried, first=True)
         backend = decision.target
         self.tried.append(backend.id)
-        try:
-            headers = self._leg_headers()
-            if decision.prefill is None:  # the common case, without a coroutine call
-                prefill, body, charge = None, self._first_body, None
-            else:
-                prefill, body, headers, charge = await opener.prefill_elsewhere(
-                    ctx, decision, self.path, self._first_body, self._body_fields, headers
-                )
+        headers = self.leg_headers()
+        if decision.prefill is None:  # the common case, without a coroutine call
+            prefill, body, charge = None, self.first_body, None
+        else:
+            prefill, body, headers, charge = await legs.kv.prefill_elsewhere(
+                ctx, decision, self.path, self.first_body, self._body_fields, headers
+            )
+        if charge is None:
+            # What the policy expects the backend to compute (its uncached part), else all.
+            charge = decision.prefill_tokens
             if charge is None:
-                # What the policy expects the backend to compute (its uncached part), else all.
-                charge = decision.prefill_tokens
-                if charge is None:
-                    charge = ctx.prompt_tokens
-            self._charge = charge
-            self.dispatch.move(backend.load, charge)
-            self._opening = backend
-            self._wait_from = self._clock.now()
-            try:
-                resp = await opener.request(backend, self.path, headers, body, self._sent)
-            finally:
-                self._opening = self._opening_resp = self._opening_down = None
-        except BaseException:
-            self.dispatch.release()
-            raise
+                charge = ctx.prompt_tokens
+        self._charge = charge
+        resp = await self.open_leg(backend, self.path, headers, body, charge)
         leg = Leg(decision, prefill, resp, "first", 0)
         self._begin_leg(leg)
         if resp.status == 200 and (ctx.stream or self._assembler is not None):
@@ -370,10 +375,10 @@ class RequestSession(SessionMoves):
         try:
             whole = await resp.read()
         except UpstreamError as e:
-            self._close_leg()
+            self.close_leg()
             self.dispatch.release()
             raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
-        opener.succeeded(backend)
+        self._core.health.succeeded(backend)
         return leg, whole
 
     async def _serve(self, leg: Leg, whole: bytes | None) -> int:
@@ -426,7 +431,7 @@ class RequestSession(SessionMoves):
             brk = await self._relay(leg)
             if brk is None:
                 return True
-            if not await self._next_leg(brk):
+            if not await self._mover.next_leg(brk):
                 return False
 
     async def _relay(self, leg: Leg) -> Break | None:
@@ -451,7 +456,7 @@ class RequestSession(SessionMoves):
                 if ledger is not None and ledger.error_event:
                     # The backend gave up mid-stream: its error event is not the client's end
                     # while another backend can continue.
-                    cut = out.find(_ERROR_EVENT)
+                    cut = out.find(ERROR_EVENT_START)
                     if cut > 0:
                         await self._pass(leg, out[:cut], splicer)
                     return Break("failed", "the backend sent an error event mid-stream")
@@ -516,32 +521,14 @@ class RequestSession(SessionMoves):
         self._leg_live = True
         now = time.perf_counter()
         self.dispatch.first_token()
-        self._opener.succeeded(leg.backend)
+        self._core.health.succeeded(leg.backend)
         if self.first_token_at is None:
             self.first_token_at = now
             self._metrics.observe_ttft(self.ctx.endpoint, self.ctx.model, now - self.arrived)
         if self.ledger is not None:
             # Tokens flow: from now on a silent backend is a stalled one.
             leg.resp.set_read_timeout(self._settings.stall_timeout)
-        cut_at = self._cut_at
-        if cut_at is not None:
-            self._cut_at = None
-            downtime = now - cut_at
-            metrics = self._metrics
-            metrics.migration_downtime.observe(downtime)
-            metrics.migration_downtime_by_kind.labels(leg.kind).observe(downtime)
-            metrics.count_migration(leg.reason, "ok")
-            metrics.count_migration_kind(leg.kind, "ok")
-            self._resolve(
-                MoveResult(
-                    "ok",
-                    self.legs[-2].backend.id,
-                    leg.backend.id,
-                    tokens=leg.tokens_before,
-                    downtime_s=downtime,
-                    kind=leg.kind,
-                )
-            )
+        self._mover.leg_started(leg, now)
 
     async def _answer_assembled(self) -> int:
         assembler = self._assembler
@@ -560,6 +547,62 @@ class RequestSession(SessionMoves):
         await self._send({"type": "http.response.body", "body": body})
         return 200
 
+    # --- the legs after the first (their moves are the mover's)
+
+    def continue_on(self, leg: Leg, splice: Splice | None) -> None:
+        """`leg` serves the request from now on: its stream joins the client's where `splice`
+        says, or from its start (None: the request was sent again)."""
+        self._begin_leg(leg)
+        ledger = self.ledger
+        if ledger is None:
+            return  # an untracked stream sent again: relayed as it comes
+        if splice is None:
+            ledger.start_leg(strip=self._strip, chat=self.ctx.endpoint == "chat/completions")
+            self._splicer = None
+        else:
+            ledger.start_leg(strip=False, chat=False)
+            self._splicer = self._make_splicer(ledger, *splice)
+
+    def _make_splicer(
+        self, ledger: TokenLedger, prompt_tokens: int, tokens: int, resent: int
+    ) -> Splicer:
+        options = self.ctx.body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        continuous = isinstance(options, dict) and options.get("continuous_usage_stats") is True
+        return Splicer(
+            endpoint=self.ctx.endpoint,
+            identity=StreamIdentity.from_event(ledger.first_event),
+            prompt_tokens=prompt_tokens,
+            tokens_before=tokens,
+            include_usage=include_usage or self._assembler is not None,
+            continuous_usage=continuous,
+            token_ids=not self._strip,
+            resent_ids=resent,
+        )
+
+    async def end_stream(self) -> None:
+        """The usage event (when the client asked for it) and [DONE] that a stream broken
+        after its last token never sent."""
+        ledger = self.ledger
+        assert ledger is not None
+        options = self.ctx.body.get("stream_options")
+        wants_usage = self._assembler is not None or (
+            isinstance(options, dict) and options.get("include_usage") is True
+        )
+        out = b""
+        if wants_usage and not ledger.usage_seen and ledger.first_event:
+            out = _usage_event(self.ctx.endpoint, ledger)
+        await self._emit(self._closing(out + DONE_EVENT), True)
+
+    async def end_with_error(self, message: str) -> None:
+        """End a stream that cannot go on with an error event; an answer being assembled
+        fails instead (its caller answers with an error)."""
+        if self._assembler is None:
+            await self._send(
+                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
+            )
+            await self._send({"type": "http.response.body", "body": b""})
+
     # --- bookkeeping
 
     def _begin_leg(self, leg: Leg) -> None:
@@ -567,7 +610,7 @@ class RequestSession(SessionMoves):
         self.legs.append(leg)
         self._leg_live = False
 
-    def _close_leg(self) -> None:
+    def close_leg(self) -> None:
         """Done with the current leg (it stays `self.leg`, for the view and the headers)."""
         leg = self.leg
         if leg is None or leg.closed:
@@ -576,10 +619,49 @@ class RequestSession(SessionMoves):
         leg.resp.release()  # closes an unfinished response: the backend aborts it
         self._leg_live = False
 
-    def _note_failure(self, e: RetryableUpstream) -> None:
-        self._opener.note_failure(
-            self.ctx.request_id, e, len(self.tried), time.perf_counter() - self.arrived
-        )
+
+def _shaped(
+    ctx: RequestContext, body: bytes, movability: Movability | None, client_ids: bool
+) -> tuple[bytes, dict[str, Any], TokenLedger | None, Assembler | None]:
+    """What the first leg sends and what tracks its answer: its body, the fields the proxy adds
+    to the client's, the token ledger of a movable request, the assembler of a movable
+    answer the client wants whole."""
+    if movability is None or not movability.movable:
+        return body, {}, None, None
+    ledger = TokenLedger()
+    ledger.start_leg(strip=not client_ids, chat=ctx.endpoint == "chat/completions")
+    if ctx.stream:
+        if client_ids:
+            return body, {}, ledger, None
+        return _with_token_ids(body, ctx.body), {"return_token_ids": True}, ledger, None
+    # Streamed from the backend and answered whole: the request can move.
+    fields: dict[str, Any] = {
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids)
+    return orjson.dumps({**ctx.body, **fields}), fields, ledger, assembler
+
+
+def _usage_event(endpoint: str, ledger: TokenLedger) -> bytes:
+    """A usage event for a stream that lost its own, counted from the ledger."""
+    ident = StreamIdentity.from_event(ledger.first_event)
+    prompt = ledger.prompt_ids() or []
+    completion = len(ledger.generated)
+    event: dict[str, Any] = {
+        "id": ident.id,
+        "object": "chat.completion.chunk" if endpoint == "chat/completions" else "text_completion",
+        "created": ident.created,
+        "model": ident.model,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + completion,
+            "completion_tokens": completion,
+        },
+    }
+    return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
 def _with_token_ids(raw: bytes, parsed: dict[str, Any]) -> bytes:

@@ -16,7 +16,7 @@ from fleet.types import EngineMetrics, MetricsSnapshot
 from policies.policy import RequestContext
 from proxy.backends.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from proxy.errors import ProxyError
-from proxy.request.legs import LegOpener
+from proxy.request.leg_services import LegServices
 from proxy.request.session import RequestSession
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
@@ -102,7 +102,7 @@ def session(
         sent.append(message)
 
     return RequestSession(
-        core, LegOpener(core), "/v1/completions", ctx, b'{"model":"m","prompt":"hello"}',
+        core, LegServices(core), "/v1/completions", ctx, b'{"model":"m","prompt":"hello"}',
         [(b"x-request-id", b"up-1")], send, time.perf_counter(), movability,
     )  # fmt: skip
 
