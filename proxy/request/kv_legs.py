@@ -21,17 +21,17 @@ from proxy.backends.disagg import (
 )
 from proxy.ports import RequestServices
 from proxy.request.legs import GENERATION
-from proxy.request.upstream_opener import UpstreamOpener
+from proxy.request.upstream_targets import UpstreamTargets
 
 log = logging.getLogger("fleet_proxy.legs")
 
 
 class KvLegs:
-    __slots__ = ("_core", "_upstream")
+    __slots__ = ("_core", "_targets")
 
-    def __init__(self, core: RequestServices, upstream: UpstreamOpener) -> None:
+    def __init__(self, core: RequestServices, targets: UpstreamTargets) -> None:
         self._core = core
-        self._upstream = upstream  # its URL split cache, shared with the client legs
+        self._targets = targets
 
     async def prefill_elsewhere(
         self,
@@ -56,7 +56,7 @@ class KvLegs:
             hint = (PREFILLER_HEADER, host_port(prefill).encode("latin-1"))
             return prefill, body, [*headers, hint], None
         leg_tokens = decision.prefill_leg_tokens
-        origin, full_path = self._upstream.target(prefill, path)
+        origin, full_path = self._targets.target(prefill, path)
         try:
             kv = await run_prefill_leg(
                 core.upstream_pool(), prefill, origin, full_path, ctx.body, headers,
@@ -85,7 +85,7 @@ class KvLegs:
         """The kv_transfer_params of a 1-token `do_remote_decode` leg of `body` on `backend`
         (which then holds those blocks for a pull); None when it failed."""
         core = self._core
-        origin, full_path = self._upstream.target(backend, path)
+        origin, full_path = self._targets.target(backend, path)
         try:
             kv = await run_prefill_leg(
                 core.upstream_pool(), backend, origin, full_path, body, headers, tokens,
@@ -110,7 +110,7 @@ class KvLegs:
         """Have `backend` pull the KV `kv` names into its prefix cache (a 1-token leg whose
         answer is dropped); False when it failed."""
         core = self._core
-        origin, full_path = self._upstream.target(backend, path)
+        origin, full_path = self._targets.target(backend, path)
         try:
             await run_one_token_leg(
                 core.upstream_pool(), backend, origin, full_path, pull_body(body, kv),

@@ -1,6 +1,8 @@
 """One backend leg of a client request: the decision that chose its backend and its open
-response. Choosing the backend is proxy/request/choosing.py, opening the request
-proxy/request/upstream_opener.py, a P/D prefill leg or a move's KV legs proxy/request/kv_legs.py.
+response. The leg's backend is chosen by proxy/request/choosing.py; its request is sent by the
+session's `open_leg`, to the URL proxy/request/upstream_targets.py gives, its failures sorted
+by proxy/request/upstream_failures.py; a P/D prefill leg or a move's KV legs run in
+proxy/request/kv_legs.py.
 """
 
 from __future__ import annotations

@@ -25,16 +25,16 @@ from proxy.backends.upstream import UpstreamResponse
 from proxy.errors import FailureKind, ProxyError
 from proxy.ports import RequestServices
 from proxy.request.choosing import CALLER_CHOSEN
+from proxy.request.kv_moves import CONTINUE_PATH, moves_kv, planned_kind, precopy
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg
-from proxy.request.upstream_opener import RetryableUpstream
+from proxy.request.upstream_failures import RetryableUpstream
 from proxy.stream.continuation import Movability, continuation_body
-from proxy.stream.move_kinds import MoveKind, RequestedKind, choose_kind, transfers_kv
+from proxy.stream.move_kinds import MoveKind, RequestedKind
 from proxy.stream.token_ledger import TokenLedger
 
 log = logging.getLogger("fleet_proxy.moves")
 
-_CONTINUE_PATH = "/v1/completions"
 _REQUESTED = frozenset(("auto", "recompute", "handover", "precopy"))
 
 
@@ -209,13 +209,20 @@ class Mover:
         if requested not in _REQUESTED:
             raise NotMovable("unknown_kind")
         leg = self._check_movable(to)
-        move_kind, to = self._plan_kind(leg, to, cast("RequestedKind", requested))
+        move_kind, to = planned_kind(
+            self._legs.chooser, self._ctx, self._ledger, self._core.settings.move_costs(),
+            leg.backend, to, cast("RequestedKind", requested),
+        )  # fmt: skip
         staged = 0
         if move_kind == "precopy":
             assert to is not None
             self._staging = True
             try:
-                staged = await self._precopy(leg, to)
+                assert self._ledger is not None
+                staged = await precopy(
+                    self._legs.kv, self._ctx, self._ledger, leg.backend, to,
+                    self._session.leg_headers,
+                )  # fmt: skip
             finally:
                 self._staging = False
             if not staged:
@@ -251,66 +258,6 @@ class Mover:
         if to is None and not chooser.has_other(leg.backend, self._ctx.model):
             raise NotMovable("no_other_backend")
         return leg
-
-    def _plan_kind(
-        self, source: Leg, to: Backend | None, requested: RequestedKind
-    ) -> tuple[MoveKind, Backend | None]:
-        """The kind of a planned move, and its target when a pre-copy needs one now."""
-        if requested == "recompute" or not _transfers_kv(source.backend):
-            return "recompute", to
-        chooser = self._legs.chooser
-        if to is not None:
-            both = _transfers_kv(to)
-        else:
-            both = chooser.others_transfer_kv(source.backend, self._ctx.model)
-        costs = self._core.settings.move_costs()
-        kind = choose_kind(self._tokens_to_move(), both, costs, requested)
-        if kind == "precopy" and to is None:
-            # Staging needs its target now: the policy's pick, then fixed for this move.
-            try:
-                decision = chooser.choose(self._ctx, {source.backend.id}, first=False)
-            except ProxyError:
-                return "recompute", None
-            if not _transfers_kv(decision.target):
-                return "recompute", None
-            to = decision.target
-        return kind, to
-
-    def _tokens_to_move(self) -> int:
-        ledger = self._ledger
-        if ledger is None:
-            return self._ctx.prompt_tokens
-        prompt = ledger.prompt_ids()
-        return (len(prompt) if prompt is not None else self._ctx.prompt_tokens) + len(
-            ledger.generated
-        )
-
-    async def _precopy(self, source: Leg, target: Backend) -> int:
-        """Stage the KV of prompt + the tokens generated so far in `target`'s prefix cache while
-        the source keeps decoding; the tokens staged, 0 when the staging failed."""
-        ledger = self._ledger
-        assert ledger is not None
-        prompt_ids = ledger.prompt_ids()
-        if prompt_ids is None:
-            return 0
-        generated = list(ledger.generated)
-        try:
-            body = continuation_body(
-                self._ctx.endpoint, self._ctx.body, prompt_ids, generated,
-                max_model_len=source.backend.max_model_len,
-            )  # fmt: skip
-        except ValueError:
-            return 0
-        tokens = len(prompt_ids) + len(generated)
-        # Both legs share one request id, as a P/D prefill and decode leg do.
-        headers = self._session.leg_headers()
-        kv_legs = self._legs.kv
-        kv = await kv_legs.kv_from(source.backend, _CONTINUE_PATH, headers, body, tokens, "precopy")
-        if kv is None or not await kv_legs.pull_kv(
-            target, _CONTINUE_PATH, headers, body, kv, tokens
-        ):
-            return 0
-        return tokens
 
     # --- after a leg stopped
 
@@ -420,7 +367,7 @@ class Mover:
         except ValueError as e:
             return f"the request cannot continue: {e}"
         resume = _Resume(
-            _CONTINUE_PATH,
+            CONTINUE_PATH,
             orjson.dumps(continued),
             len(prompt_ids) + len(generated),
             len(generated),
@@ -472,7 +419,7 @@ class Mover:
             body = resume.body
             leg_kind: MoveKind = "recompute"
             if kind == "handover":
-                if resume.kv_body is not None and _transfers_kv(target):
+                if resume.kv_body is not None and moves_kv(target):
                     body, leg_kind = resume.kv_body, "handover"
             elif kind == "precopy" and target is required:
                 leg_kind = "precopy"
@@ -549,8 +496,3 @@ class Mover:
         kind: FailureKind = "stalled" if brk.kind == "stalled" else "mid_stream"
         log.warning("request %s: %s %s: %s", self._ctx.request_id, backend.id, kind, brk.detail)
         self._core.health.failed_mid_stream(backend, kind, brk.detail)
-
-
-def _transfers_kv(backend: Backend) -> bool:
-    """Whether `backend` sends and receives KV over NIXL (its `kv_connector` label)."""
-    return transfers_kv(backend.spec.labels)

@@ -3,8 +3,9 @@ serve it.
 
 The session owns what lives as long as the client's request: what was sent to the client, the
 accounting on the backend currently serving it, its entry in the live table, its usage and
-token ledger. Each backend attempt is a `Leg` (proxy/request/legs.py); moving from one leg to the
-next after the first byte is the session's other half, proxy/request/mover.py.
+token ledger. Each backend attempt is a `Leg` (proxy/request/legs.py), and every leg, the first,
+its retries and the continuations of a moved stream, is opened by `open_leg`. Moving from one
+leg to the next after the first byte is decided by the session's `Mover` (proxy/request/mover.py).
 
 Failure rules:
 - before anything reaches the client (connect error, timeout, a 5xx answer, a connection
@@ -28,12 +29,6 @@ import time
 from typing import Any
 
 import orjson
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from fleet.live import MoveResult
 from fleet.types import Backend
@@ -46,12 +41,18 @@ from proxy.ports import FinishedRequest, RequestServices
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
 from proxy.request.mover import Break, Mover, Splice
-from proxy.request.upstream_opener import RetryableUpstream, report_failure
-from proxy.stream.assembled_answer import Assembler
+from proxy.request.retries import tried_again
+from proxy.request.tracking import lost_usage, spliced_stream, tracked_request
+from proxy.request.upstream_failures import (
+    RETRYABLE_STATUS,
+    RetryableUpstream,
+    refused,
+    report_failure,
+)
 from proxy.stream.continuation import Movability
-from proxy.stream.splice import Splicer, StreamIdentity
+from proxy.stream.splice import Splicer
 from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
-from proxy.stream.token_ledger import EventAligner, TokenLedger
+from proxy.stream.token_ledger import EventAligner
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -130,7 +131,7 @@ class RequestSession:
         self._charge = ctx.prompt_tokens
         client_ids = ctx.body.get("return_token_ids") is True
         self._strip = not client_ids
-        self.first_body, self._body_fields, self.ledger, self._assembler = _shaped(
+        self.first_body, self._body_fields, self.ledger, self._assembler = tracked_request(
             ctx, body, movability, client_ids
         )
         self._mover = Mover(self, core, legs, ctx, self.ledger, movability)
@@ -281,13 +282,22 @@ class RequestSession:
         self.dispatch.move(backend.load, charge)
         self._opening = backend
         self._wait_from = self._clock.now()
+        origin, full_path = self._legs.targets.target(backend, path)
         try:
-            return await self._legs.upstream.request(backend, path, headers, body, self._sent)
+            resp = await self._core.upstream_pool().request(
+                origin, full_path, headers, body, on_sent=self._sent
+            )
+            if resp.status in RETRYABLE_STATUS:
+                raise await refused(backend, resp)
+        except UpstreamError as e:
+            self.dispatch.release()
+            raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
         except BaseException:
             self.dispatch.release()
             raise
         finally:
             self._opening = self._opening_resp = self._opening_down = None
+        return resp
 
     def _sent(self, resp: UpstreamResponse) -> None:
         self._opening_resp = resp
@@ -317,34 +327,12 @@ class RequestSession:
     async def _open_first(self) -> tuple[Leg, bytes | None]:
         try:
             return await self._attempt_first()
-        except RetryableUpstream as first:
-            self.note_failure(first)
-            last = first
-        settings = self._settings
-        if settings.max_attempts <= 1:
-            raise _exhausted(self.tried, last, self._settings.error_details)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(settings.max_attempts - 1),
-            retry=retry_if_exception_type(RetryableUpstream),
-            wait=wait_random_exponential(multiplier=0.01, max=0.2),
-            reraise=True,
+        except RetryableUpstream as e:
+            self.note_failure(e)
+            first = e
+        return await tried_again(
+            self._attempt_first, first, self.note_failure, self.tried, self._settings, self._metrics
         )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    self._metrics.retries.labels(last.kind).inc()
-                    try:
-                        return await self._attempt_first()
-                    except RetryableUpstream as e:
-                        self.note_failure(e)
-                        last = e
-                        raise
-        except RetryableUpstream:
-            pass
-        except ProxyError as e:
-            if e.status != 503:
-                raise
-        raise _exhausted(self.tried, last, self._settings.error_details)
 
     async def _attempt_first(self) -> tuple[Leg, bytes | None]:
         """Open the first leg; answers the proxy relays whole are read here, so a break
@@ -561,38 +549,17 @@ class RequestSession:
             self._splicer = None
         else:
             ledger.start_leg(strip=False, chat=False)
-            self._splicer = self._make_splicer(ledger, *splice)
-
-    def _make_splicer(
-        self, ledger: TokenLedger, prompt_tokens: int, tokens: int, resent: int
-    ) -> Splicer:
-        options = self.ctx.body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        continuous = isinstance(options, dict) and options.get("continuous_usage_stats") is True
-        return Splicer(
-            endpoint=self.ctx.endpoint,
-            identity=StreamIdentity.from_event(ledger.first_event),
-            prompt_tokens=prompt_tokens,
-            tokens_before=tokens,
-            include_usage=include_usage or self._assembler is not None,
-            continuous_usage=continuous,
-            token_ids=not self._strip,
-            resent_ids=resent,
-        )
+            self._splicer = spliced_stream(
+                self.ctx, ledger, *splice, assembled=self._assembler is not None, strip=self._strip
+            )
 
     async def end_stream(self) -> None:
         """The usage event (when the client asked for it) and [DONE] that a stream broken
         after its last token never sent."""
         ledger = self.ledger
         assert ledger is not None
-        options = self.ctx.body.get("stream_options")
-        wants_usage = self._assembler is not None or (
-            isinstance(options, dict) and options.get("include_usage") is True
-        )
-        out = b""
-        if wants_usage and not ledger.usage_seen and ledger.first_event:
-            out = _usage_event(self.ctx.endpoint, ledger)
-        await self._emit(self._closing(out + DONE_EVENT), True)
+        lost = lost_usage(self.ctx, ledger, assembled=self._assembler is not None)
+        await self._emit(self._closing(lost + DONE_EVENT), True)
 
     async def end_with_error(self, message: str) -> None:
         """End a stream that cannot go on with an error event; an answer being assembled
@@ -618,62 +585,3 @@ class RequestSession:
         leg.closed = True
         leg.resp.release()  # closes an unfinished response: the backend aborts it
         self._leg_live = False
-
-
-def _shaped(
-    ctx: RequestContext, body: bytes, movability: Movability | None, client_ids: bool
-) -> tuple[bytes, dict[str, Any], TokenLedger | None, Assembler | None]:
-    """What the first leg sends and what tracks its answer: its body, the fields the proxy adds
-    to the client's, the token ledger of a movable request, the assembler of a movable
-    answer the client wants whole."""
-    if movability is None or not movability.movable:
-        return body, {}, None, None
-    ledger = TokenLedger()
-    ledger.start_leg(strip=not client_ids, chat=ctx.endpoint == "chat/completions")
-    if ctx.stream:
-        if client_ids:
-            return body, {}, ledger, None
-        return _with_token_ids(body, ctx.body), {"return_token_ids": True}, ledger, None
-    # Streamed from the backend and answered whole: the request can move.
-    fields: dict[str, Any] = {
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-    }
-    assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids)
-    return orjson.dumps({**ctx.body, **fields}), fields, ledger, assembler
-
-
-def _usage_event(endpoint: str, ledger: TokenLedger) -> bytes:
-    """A usage event for a stream that lost its own, counted from the ledger."""
-    ident = StreamIdentity.from_event(ledger.first_event)
-    prompt = ledger.prompt_ids() or []
-    completion = len(ledger.generated)
-    event: dict[str, Any] = {
-        "id": ident.id,
-        "object": "chat.completion.chunk" if endpoint == "chat/completions" else "text_completion",
-        "created": ident.created,
-        "model": ident.model,
-        "choices": [],
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "total_tokens": len(prompt) + completion,
-            "completion_tokens": completion,
-        },
-    }
-    return b"data: " + orjson.dumps(event) + b"\n\n"
-
-
-def _with_token_ids(raw: bytes, parsed: dict[str, Any]) -> bytes:
-    """The client's body asking vLLM for token ids too, its own bytes kept where possible."""
-    if "return_token_ids" in parsed:
-        return orjson.dumps({**parsed, "return_token_ids": True})
-    brace = raw.find(b"{")
-    return raw[: brace + 1] + b'"return_token_ids":true,' + raw[brace + 1 :]
-
-
-def _exhausted(tried: list[str], last: RetryableUpstream, details: bool) -> ProxyError:
-    message = f"no backend answered after {len(tried)} attempt(s)"
-    if details:
-        message += f" ({', '.join(tried)}); last error: {last}"
-    return ProxyError(502, message, type="upstream_error", code=502)
