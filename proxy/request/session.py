@@ -134,6 +134,7 @@ class RequestSession:
         self.first_body, self._body_fields, self.ledger, self._assembler = tracked_request(
             ctx, body, movability, client_ids
         )
+        self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
         self._mover = Mover(self, core, legs, ctx, self.ledger, movability)
 
     # --- what the live table and the admin API read

@@ -352,6 +352,9 @@ async def test_a_stream_broken_mid_way_continues_on_the_other_backend_token_exac
     view = s.view()
     assert (view["moves"], view["tokens_generated"]) == (1, 6)
     assert [leg["reason"] for leg in view["legs"]] == ["first", "backend_failed"]
+    finished = s.finished()  # what the request log keeps
+    assert finished.backends == [first.id, second.id]
+    assert (finished.moves, finished.completion_tokens, finished.answer) == (1, 6, None)
     assert not first.healthy  # ejected until its next passing health check
     assert first.last_error.startswith("mid_stream")
     assert second.healthy
