@@ -416,14 +416,9 @@ class Mover:
             except ProxyError as e:
                 return None, e.message
             target = decision.target
-            body = resume.body
-            leg_kind: MoveKind = "recompute"
-            if kind == "handover":
-                if resume.kv_body is not None and moves_kv(target):
-                    body, leg_kind = resume.kv_body, "handover"
-            elif kind == "precopy" and target is required:
-                leg_kind = "precopy"
+            leg_kind = _leg_kind(kind, resume, target, required)
             use_kv = leg_kind == "handover"
+            body = resume.kv_body if use_kv and resume.kv_body is not None else resume.body
             headers = kv_headers if use_kv and kv_headers is not None else session.leg_headers()
             kv_headers = None  # a retry elsewhere gets an id of its own
             try:
@@ -496,3 +491,15 @@ class Mover:
         kind: FailureKind = "stalled" if brk.kind == "stalled" else "mid_stream"
         log.warning("request %s: %s %s: %s", self._ctx.request_id, backend.id, kind, brk.detail)
         self._core.health.failed_mid_stream(backend, kind, brk.detail)
+
+
+def _leg_kind(
+    kind: MoveKind, resume: _Resume, target: Backend, required: Backend | None
+) -> MoveKind:
+    """How the KV reaches `target`: a handover's only where it can pull it, a pre-copy's only
+    on the target it was staged on; else the target computes it."""
+    if kind == "handover":
+        return "handover" if resume.kv_body is not None and moves_kv(target) else "recompute"
+    if kind == "precopy" and target is required:
+        return "precopy"
+    return "recompute"
