@@ -30,7 +30,8 @@ from proxy.request.body import (
     parse_object,
     require_model,
 )
-from proxy.request.legs import GENERATION, LegOpener
+from proxy.request.leg_services import LegServices
+from proxy.request.legs import GENERATION
 from proxy.request.session import RequestSession
 from proxy.stream.continuation import Movability, movability
 
@@ -114,7 +115,7 @@ class Forwarder:
         self.core = core
         self._authorize = authorize
         self.settings = core.settings
-        self.opener = LegOpener(core)
+        self.legs = LegServices(core)
         self._chars_per_token = core.settings.chars_per_token
         self._watchers: set[asyncio.Task[None]] = set()
         self._movable = core.settings.movable_requests
@@ -183,7 +184,7 @@ class Forwarder:
             ):
                 ctx.prompt_tokens = await tokens.count(ctx.prompt_text, model, endpoint, ctx.body)
             session = RequestSession(
-                self.core, self.opener, scope["path"], ctx, body, upstream, send, arrived,
+                self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                 self._movability(ctx),
             )  # fmt: skip
             status = await self._serve(receive, session)

@@ -3,8 +3,9 @@ serve it.
 
 The session owns what lives as long as the client's request: what was sent to the client, the
 accounting on the backend currently serving it, its entry in the live table, its usage and
-token ledger. Each backend attempt is a `Leg` (proxy/request/legs.py); moving from one leg to the
-next after the first byte is the session's other half, proxy/request/mover.py.
+token ledger. Each backend attempt is a `Leg` (proxy/request/legs.py), and every leg, the first,
+its retries and the continuations of a moved stream, is opened by `open_leg`. Moving from one
+leg to the next after the first byte is decided by the session's `Mover` (proxy/request/mover.py).
 
 Failure rules:
 - before anything reaches the client (connect error, timeout, a 5xx answer, a connection
@@ -28,12 +29,6 @@ import time
 from typing import Any
 
 import orjson
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from fleet.live import MoveResult
 from fleet.types import Backend
@@ -41,40 +36,52 @@ from policies.policy import RequestContext
 from proxy.asgi import Send, response_headers
 from proxy.backends.accounting import Dispatch
 from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
-from proxy.errors import ProxyError, openai_not_found
+from proxy.errors import ProxyError, openai_not_found, sse_error_event
 from proxy.ports import FinishedRequest, RequestServices
-from proxy.request.legs import Leg, LegOpener, RetryableUpstream, receipt_header
-from proxy.request.mover import DONE_EVENT, Break, MoveOrder, SessionMoves
-from proxy.stream.assembled_answer import Assembler
+from proxy.request.leg_services import LegServices
+from proxy.request.legs import Leg, receipt_header
+from proxy.request.mover import Break, Mover, Splice
+from proxy.request.retries import tried_again
+from proxy.request.tracking import lost_usage, spliced_stream, tracked_request
+from proxy.request.upstream_failures import (
+    RETRYABLE_STATUS,
+    RetryableUpstream,
+    refused,
+    report_failure,
+)
 from proxy.stream.continuation import Movability
 from proxy.stream.splice import Splicer
-from proxy.stream.token_ledger import EventAligner, TokenLedger
+from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
+from proxy.stream.token_ledger import EventAligner
 
 log = logging.getLogger("fleet_proxy.session")
 
-_ERROR_EVENT = b'data: {"error"'
 
-
-class RequestSession(SessionMoves):
+class RequestSession:
     __slots__ = (
         "_assembler",
         "_body_fields",
         "_charge",
         "_clock",
         "_core",
-        "_first_body",
         "_leg_live",
+        "_legs",
         "_metrics",
-        "_movability",
+        "_mover",
         "_opened",
-        "_opener",
+        "_opening",
+        "_opening_down",
+        "_opening_resp",
         "_send",
         "_settings",
+        "_splicer",
         "_strip",
+        "_wait_from",
         "answer",
         "arrived",
         "ctx",
         "dispatch",
+        "first_body",
         "first_token_at",
         "headers",
         "last_sent",
@@ -88,7 +95,7 @@ class RequestSession(SessionMoves):
     def __init__(
         self,
         core: RequestServices,
-        opener: LegOpener,
+        legs: LegServices,
         path: str,
         ctx: RequestContext,
         body: bytes,
@@ -101,7 +108,7 @@ class RequestSession(SessionMoves):
         self._clock = core.clock
         self._settings = core.settings
         self._metrics = core.metrics
-        self._opener = opener
+        self._legs = legs
         self.path = path
         self.ctx = ctx
         self.headers = headers  # end-to-end headers for every backend, x-request-id last
@@ -109,11 +116,10 @@ class RequestSession(SessionMoves):
         self._wait_from = 0.0  # clock time the current leg was sent: its wait for output
         self._send = send
         self.arrived = arrived
-        self._movability = movability
         # The backend a leg is being opened on, before its answer's head arrived.
         self._opening: Backend | None = None
         self._opening_resp: UpstreamResponse | None = None
-        self._opening_down: str | None = None
+        self._opening_down: str | None = None  # it was found down before the request was written
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
         self.legs: list[Leg] = []  # every leg that answered, in order
@@ -121,35 +127,15 @@ class RequestSession(SessionMoves):
         self._leg_live = False  # the current leg has produced output
         self.first_token_at: float | None = None
         self.last_sent = 0.0
-        self.moves = 0
-        self._order: MoveOrder | None = None
-        self._staging = False
-        self._cut_at: float | None = None  # when the stream was cut for a move in progress
         self._splicer: Splicer | None = None
         self._charge = ctx.prompt_tokens
         client_ids = ctx.body.get("return_token_ids") is True
         self._strip = not client_ids
-        self._body_fields: dict[str, Any] = {}
-        self._first_body = body
-        self._assembler: Assembler | None = None
+        self.first_body, self._body_fields, self.ledger, self._assembler = tracked_request(
+            ctx, body, movability, client_ids
+        )
         self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
-        self.ledger: TokenLedger | None = None
-        if movability is not None and movability.movable:
-            self.ledger = TokenLedger()
-            self.ledger.start_leg(strip=self._strip, chat=ctx.endpoint == "chat/completions")
-            if ctx.stream:
-                if not client_ids:
-                    self._body_fields = {"return_token_ids": True}
-                    self._first_body = _with_token_ids(body, ctx.body)
-            else:
-                # Streamed from the backend and answered whole: the request can move.
-                self._body_fields = {
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                    "return_token_ids": True,
-                }
-                self._first_body = orjson.dumps({**ctx.body, **self._body_fields})
-                self._assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids)
+        self._mover = Mover(self, core, legs, ctx, self.ledger, movability)
 
     # --- what the live table and the admin API read
 
@@ -188,22 +174,20 @@ class RequestSession(SessionMoves):
         return len(ledger.generated) if ledger is not None else 0
 
     def movable_reason(self, planned: bool) -> str:
-        m = self._movability
-        if m is None:
-            return "not_generation"
-        if not m.movable:
-            return m.reason
-        if planned and not m.planned:
-            return m.reason
-        ledger = self.ledger
-        if ledger is not None and ledger.not_movable:
-            return ledger.not_movable
-        if self.moves >= self._settings.max_moves:
-            return "move_limit"
-        return ""
+        return self._mover.movable_reason(planned)
+
+    async def move(
+        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+    ) -> MoveResult:
+        """Cut the stream after the last token its client received and continue it on `to`
+        (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
+        setting; proxy/stream/move_kinds.py); resolves once the target sent its first token, the
+        move failed, or the request ended first. Raises NotMovable."""
+        return await self._mover.move(to, reason, kind)
 
     def view(self) -> dict[str, Any]:
         ledger = self.ledger
+        why = self.movable_reason(planned=False)
         return {
             "request_id": self.ctx.request_id,
             "upstream_request_id": self.upstream_request_id,
@@ -216,9 +200,9 @@ class RequestSession(SessionMoves):
             "tokens_generated": len(ledger.generated) if ledger is not None else None,
             "attempts": len(self.tried),
             "first_token": self.first_token_at is not None,
-            "movable": self.movable_reason(planned=False) == "",
-            "not_movable_reason": self.movable_reason(planned=False) or None,
-            "moves": self.moves,
+            "movable": why == "",
+            "not_movable_reason": why or None,
+            "moves": self._mover.moves,
             "legs": [leg.receipt() for leg in self.legs],
         }
 
@@ -232,7 +216,7 @@ class RequestSession(SessionMoves):
             ctx.stream,
             [leg.backend.id for leg in self.legs],
             len(self.tried),
-            self.moves,
+            self._mover.moves,
             None if first is None else first - self.arrived,
             ctx.prompt_tokens,
             self.answer,
@@ -248,7 +232,7 @@ class RequestSession(SessionMoves):
                 self._opening_down = why
             return
         leg = self.leg
-        if leg is not None and not leg.closed and self._order is None:
+        if leg is not None and not leg.closed and not self._mover.ordered:
             leg.resp.interrupt(why)
 
     def waiting_since(self) -> float | None:
@@ -266,7 +250,13 @@ class RequestSession(SessionMoves):
             resp = leg.resp if leg is not None and not leg.closed else None
         return resp.last_read if resp is not None else 0.0
 
-    def _leg_headers(self) -> list[tuple[bytes, bytes]]:
+    # --- opening legs: the first, its retries and the continuations of a moved stream
+
+    @property
+    def opening(self) -> bool:
+        return self._opening is not None
+
+    def leg_headers(self) -> list[tuple[bytes, bytes]]:
         """The headers of the next leg: after the first, its x-request-id gets a suffix, so a
         retry or a continuation never shares an id with a request an engine may still hold
         (a P/D prefill leg shares its decode leg's id, as the KV transfer expects)."""
@@ -278,10 +268,48 @@ class RequestSession(SessionMoves):
         name, value = headers[-1]
         return [*headers[:-1], (name, b"%s-%d" % (value, n))]
 
+    async def open_leg(
+        self,
+        backend: Backend,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        charge: int,
+    ) -> UpstreamResponse:
+        """Send a leg's request to `backend`, the request's accounting moved there with
+        `charge` prompt tokens to compute. Until its answer's head comes the request is
+        `opening` there, and `backend_down` interrupts it. Raises RetryableUpstream (nothing
+        stays charged then)."""
+        self.dispatch.move(backend.load, charge)
+        self._opening = backend
+        self._wait_from = self._clock.now()
+        origin, full_path = self._legs.targets.target(backend, path)
+        try:
+            resp = await self._core.upstream_pool().request(
+                origin, full_path, headers, body, on_sent=self._sent
+            )
+            if resp.status in RETRYABLE_STATUS:
+                raise await refused(backend, resp)
+        except UpstreamError as e:
+            self.dispatch.release()
+            raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
+        except BaseException:
+            self.dispatch.release()
+            raise
+        finally:
+            self._opening = self._opening_resp = self._opening_down = None
+        return resp
+
     def _sent(self, resp: UpstreamResponse) -> None:
         self._opening_resp = resp
         if self._opening_down is not None:
             resp.interrupt(self._opening_down)
+
+    def note_failure(self, e: RetryableUpstream) -> None:
+        report_failure(
+            self._core.health, self.ctx.request_id, e, len(self.tried),
+            time.perf_counter() - self.arrived,
+        )  # fmt: skip
 
     # --- the request's life
 
@@ -292,77 +320,43 @@ class RequestSession(SessionMoves):
             leg, whole = await self._open_first()
             return await self._serve(leg, whole)
         finally:
-            self._close_leg()
+            self.close_leg()
             self.dispatch.release()
             core.live.remove(self)
-            order = self._order
-            if order is not None and not order.done.done():
-                order.done.set_result(MoveResult("finished", self.backend_id))
+            self._mover.ended(self.backend_id)
 
     async def _open_first(self) -> tuple[Leg, bytes | None]:
         try:
             return await self._attempt_first()
-        except RetryableUpstream as first:
-            self._note_failure(first)
-            last = first
-        settings = self._settings
-        if settings.max_attempts <= 1:
-            raise _exhausted(self.tried, last, self._settings.error_details)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(settings.max_attempts - 1),
-            retry=retry_if_exception_type(RetryableUpstream),
-            wait=wait_random_exponential(multiplier=0.01, max=0.2),
-            reraise=True,
+        except RetryableUpstream as e:
+            self.note_failure(e)
+            first = e
+        return await tried_again(
+            self._attempt_first, first, self.note_failure, self.tried, self._settings, self._metrics
         )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    self._metrics.retries.labels(last.kind).inc()
-                    try:
-                        return await self._attempt_first()
-                    except RetryableUpstream as e:
-                        self._note_failure(e)
-                        last = e
-                        raise
-        except RetryableUpstream:
-            pass
-        except ProxyError as e:
-            if e.status != 503:
-                raise
-        raise _exhausted(self.tried, last, self._settings.error_details)
 
     async def _attempt_first(self) -> tuple[Leg, bytes | None]:
         """Open the first leg; answers the proxy relays whole are read here, so a break
         while reading one can still be retried."""
         ctx = self.ctx
-        opener = self._opener
-        decision = opener.choose(ctx, self.tried, first=True)
+        legs = self._legs
+        decision = legs.chooser.choose(ctx, self.tried, first=True)
         backend = decision.target
         self.tried.append(backend.id)
-        try:
-            headers = self._leg_headers()
-            if decision.prefill is None:  # the common case, without a coroutine call
-                prefill, body, charge = None, self._first_body, None
-            else:
-                prefill, body, headers, charge = await opener.prefill_elsewhere(
-                    ctx, decision, self.path, self._first_body, self._body_fields, headers
-                )
+        headers = self.leg_headers()
+        if decision.prefill is None:  # the common case, without a coroutine call
+            prefill, body, charge = None, self.first_body, None
+        else:
+            prefill, body, headers, charge = await legs.kv.prefill_elsewhere(
+                ctx, decision, self.path, self.first_body, self._body_fields, headers
+            )
+        if charge is None:
+            # What the policy expects the backend to compute (its uncached part), else all.
+            charge = decision.prefill_tokens
             if charge is None:
-                # What the policy expects the backend to compute (its uncached part), else all.
-                charge = decision.prefill_tokens
-                if charge is None:
-                    charge = ctx.prompt_tokens
-            self._charge = charge
-            self.dispatch.move(backend.load, charge)
-            self._opening = backend
-            self._wait_from = self._clock.now()
-            try:
-                resp = await opener.request(backend, self.path, headers, body, self._sent)
-            finally:
-                self._opening = self._opening_resp = self._opening_down = None
-        except BaseException:
-            self.dispatch.release()
-            raise
+                charge = ctx.prompt_tokens
+        self._charge = charge
+        resp = await self.open_leg(backend, self.path, headers, body, charge)
         leg = Leg(decision, prefill, resp, "first", 0)
         self._begin_leg(leg)
         if resp.status == 200 and (ctx.stream or self._assembler is not None):
@@ -370,10 +364,10 @@ class RequestSession(SessionMoves):
         try:
             whole = await resp.read()
         except UpstreamError as e:
-            self._close_leg()
+            self.close_leg()
             self.dispatch.release()
             raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
-        opener.succeeded(backend)
+        self._core.health.succeeded(backend)
         return leg, whole
 
     async def _serve(self, leg: Leg, whole: bytes | None) -> int:
@@ -426,7 +420,7 @@ class RequestSession(SessionMoves):
             brk = await self._relay(leg)
             if brk is None:
                 return True
-            if not await self._next_leg(brk):
+            if not await self._mover.next_leg(brk):
                 return False
 
     async def _relay(self, leg: Leg) -> Break | None:
@@ -451,7 +445,7 @@ class RequestSession(SessionMoves):
                 if ledger is not None and ledger.error_event:
                     # The backend gave up mid-stream: its error event is not the client's end
                     # while another backend can continue.
-                    cut = out.find(_ERROR_EVENT)
+                    cut = out.find(ERROR_EVENT_START)
                     if cut > 0:
                         await self._pass(leg, out[:cut], splicer)
                     return Break("failed", "the backend sent an error event mid-stream")
@@ -516,32 +510,14 @@ class RequestSession(SessionMoves):
         self._leg_live = True
         now = time.perf_counter()
         self.dispatch.first_token()
-        self._opener.succeeded(leg.backend)
+        self._core.health.succeeded(leg.backend)
         if self.first_token_at is None:
             self.first_token_at = now
             self._metrics.observe_ttft(self.ctx.endpoint, self.ctx.model, now - self.arrived)
         if self.ledger is not None:
             # Tokens flow: from now on a silent backend is a stalled one.
             leg.resp.set_read_timeout(self._settings.stall_timeout)
-        cut_at = self._cut_at
-        if cut_at is not None:
-            self._cut_at = None
-            downtime = now - cut_at
-            metrics = self._metrics
-            metrics.migration_downtime.observe(downtime)
-            metrics.migration_downtime_by_kind.labels(leg.kind).observe(downtime)
-            metrics.count_migration(leg.reason, "ok")
-            metrics.count_migration_kind(leg.kind, "ok")
-            self._resolve(
-                MoveResult(
-                    "ok",
-                    self.legs[-2].backend.id,
-                    leg.backend.id,
-                    tokens=leg.tokens_before,
-                    downtime_s=downtime,
-                    kind=leg.kind,
-                )
-            )
+        self._mover.leg_started(leg, now)
 
     async def _answer_assembled(self) -> int:
         assembler = self._assembler
@@ -560,6 +536,41 @@ class RequestSession(SessionMoves):
         await self._send({"type": "http.response.body", "body": body})
         return 200
 
+    # --- the legs after the first (their moves are the mover's)
+
+    def continue_on(self, leg: Leg, splice: Splice | None) -> None:
+        """`leg` serves the request from now on: its stream joins the client's where `splice`
+        says, or from its start (None: the request was sent again)."""
+        self._begin_leg(leg)
+        ledger = self.ledger
+        if ledger is None:
+            return  # an untracked stream sent again: relayed as it comes
+        if splice is None:
+            ledger.start_leg(strip=self._strip, chat=self.ctx.endpoint == "chat/completions")
+            self._splicer = None
+        else:
+            ledger.start_leg(strip=False, chat=False)
+            self._splicer = spliced_stream(
+                self.ctx, ledger, *splice, assembled=self._assembler is not None, strip=self._strip
+            )
+
+    async def end_stream(self) -> None:
+        """The usage event (when the client asked for it) and [DONE] that a stream broken
+        after its last token never sent."""
+        ledger = self.ledger
+        assert ledger is not None
+        lost = lost_usage(self.ctx, ledger, assembled=self._assembler is not None)
+        await self._emit(self._closing(lost + DONE_EVENT), True)
+
+    async def end_with_error(self, message: str) -> None:
+        """End a stream that cannot go on with an error event; an answer being assembled
+        fails instead (its caller answers with an error)."""
+        if self._assembler is None:
+            await self._send(
+                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
+            )
+            await self._send({"type": "http.response.body", "body": b""})
+
     # --- bookkeeping
 
     def _begin_leg(self, leg: Leg) -> None:
@@ -567,7 +578,7 @@ class RequestSession(SessionMoves):
         self.legs.append(leg)
         self._leg_live = False
 
-    def _close_leg(self) -> None:
+    def close_leg(self) -> None:
         """Done with the current leg (it stays `self.leg`, for the view and the headers)."""
         leg = self.leg
         if leg is None or leg.closed:
@@ -575,23 +586,3 @@ class RequestSession(SessionMoves):
         leg.closed = True
         leg.resp.release()  # closes an unfinished response: the backend aborts it
         self._leg_live = False
-
-    def _note_failure(self, e: RetryableUpstream) -> None:
-        self._opener.note_failure(
-            self.ctx.request_id, e, len(self.tried), time.perf_counter() - self.arrived
-        )
-
-
-def _with_token_ids(raw: bytes, parsed: dict[str, Any]) -> bytes:
-    """The client's body asking vLLM for token ids too, its own bytes kept where possible."""
-    if "return_token_ids" in parsed:
-        return orjson.dumps({**parsed, "return_token_ids": True})
-    brace = raw.find(b"{")
-    return raw[: brace + 1] + b'"return_token_ids":true,' + raw[brace + 1 :]
-
-
-def _exhausted(tried: list[str], last: RetryableUpstream, details: bool) -> ProxyError:
-    message = f"no backend answered after {len(tried)} attempt(s)"
-    if details:
-        message += f" ({', '.join(tried)}); last error: {last}"
-    return ProxyError(502, message, type="upstream_error", code=502)

@@ -39,13 +39,13 @@ from typing import Any
 
 import orjson
 
+from proxy.stream.sse import DONE_EVENT
 from proxy.stream.token_ledger import EventAligner
 
 COMPLETIONS = "completions"
 CHAT = "chat/completions"
 ENDPOINTS = (COMPLETIONS, CHAT)
 
-DONE_EVENT = b"data: [DONE]\n\n"
 _EVENT_END = b"\n\n"
 
 

@@ -28,9 +28,9 @@ from collections import deque
 
 import orjson
 
+from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
+
 _EVENT_END = b"\n\n"
-_DONE = b"data: [DONE]\n\n"
-_ERROR_EVENT = b'data: {"error"'
 _NO_CHOICES = b'"choices":[]'
 _FINISHED = b'"finish_reason":"'  # a finish_reason that is a string, not null
 _TOKEN_IDS_KEY = b'"token_ids":'
@@ -138,9 +138,9 @@ class TokenLedger:
             self._opening(data)
         if not data.endswith(_TOKEN_EVENT_END):
             # The rare chunk that does not end with tokens: the opening, usage, end or error.
-            if data.endswith(_DONE):
+            if data.endswith(DONE_EVENT):
                 self.done = True
-            if _ERROR_EVENT in data:
+            if ERROR_EVENT_START in data:
                 self.error_event = True
         if self.strip:
             # One C-level pass: the text between the id fields, and each token_ids value

@@ -1,43 +1,115 @@
-"""A request session driven through a stand-in forwarding client (ProxyCore's `upstream`):
-answers relayed whole, retries before the first byte, and the accounting and live table left
-clean."""
+"""A request session built on fakes of its ports alone: the proxy's services as
+`proxy.ports.RequestServices` names them (the fleet, live table, metrics and health owner
+built from their parts, a policy that picks the first candidate) and a stand-in forwarding
+client. Answers relayed whole, retries before the first byte, a stream continued on another
+backend after its first one broke, and the accounting and live table left clean."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
+import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from fleet.clock import FakeClock
-from fleet.live import NotMovable
-from fleet.types import EngineMetrics, MetricsSnapshot
-from policies.policy import RequestContext
-from proxy.backends.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from fleet.live import LiveTable, NotMovable
+from fleet.registry import FleetRegistry
+from fleet.types import Backend, EngineMetrics, MetricsSnapshot
+from policies.metrics import PoolSource
+from policies.policy import Decision, RequestContext
+from proxy.backends.health import BackendHealth
+from proxy.backends.upstream import UpstreamError, UpstreamResponse
 from proxy.errors import ProxyError
-from proxy.request.legs import LegOpener
+from proxy.metrics import RouterMetrics
+from proxy.ports import RequestServices
+from proxy.request.leg_services import LegServices
 from proxy.request.session import RequestSession
-from proxy.serving.wiring import ProxyCore
-from proxy.settings import load_settings
+from proxy.settings import Settings, load_settings
 from proxy.stream.continuation import Movability
 
 MODEL = "m"
 ORIGINS = ("http://127.0.0.1:9", "http://127.0.0.1:19")
 
-Outcome = UpstreamError | tuple[int, bytes]
+# The stand-in engine's model: the prompt "hello" is these ids, then token i is (100 + i, " ti").
+PROMPT_IDS = [11, 12, 13]
+
+
+def token(i: int) -> tuple[int, str]:
+    return 100 + i, f" t{i}"
+
+
+class FirstCandidate:
+    """A policy that picks the first candidate (the fleet's order): deterministic routing."""
+
+    name = "first"
+
+    def pick(self, ctx: RequestContext, candidates: Sequence[Backend], now: float) -> Decision:
+        return Decision(target=candidates[0], reason="first candidate")
+
+    def on_backend_removed(self, backend_id: str) -> None:
+        pass
+
+    def bind_metrics(self, registry: CollectorRegistry, pools: PoolSource) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def keeps_programs(self) -> bool:
+        return False
+
+    def end_program(self, program_id: str) -> bool:
+        return False
+
+
+class Services:
+    """What a request session may use of the proxy (`RequestServices`), without a ProxyCore."""
+
+    def __init__(self, settings: Settings, upstream: FakeUpstream) -> None:
+        self.settings = settings
+        self.clock = FakeClock()
+        self.fleet = FleetRegistry(stale_after=settings.stale_after)
+        for spec in settings.backend_specs():
+            b = self.fleet.add(spec)
+            b.healthy = True
+            b.snapshot = MetricsSnapshot(self.clock.now(), EngineMetrics())
+        self.live = LiveTable()
+        self.metrics = RouterMetrics(CollectorRegistry(), self.fleet.knows_model)
+        self.policy = FirstCandidate()
+        self.health = BackendHealth(settings, self.fleet, self.live, self.metrics, self.clock)
+        self.prompt_tokens = None
+        self.tokens = None
+        self.request_log = None
+        self.grace_over = False
+        self._upstream = upstream
+        upstream.services = self
+
+    def upstream_pool(self) -> FakeUpstream:
+        return self._upstream
+
+    def backend(self, origin: str) -> Backend:
+        return next(b for b in self.fleet if b.url == origin)
+
+
+Outcome = UpstreamError | tuple[int, bytes] | UpstreamResponse
 
 
 class FakeUpstream:
-    """Answers each call with the next scripted outcome; records what was asked."""
+    """The forwarding client: answers each call with the next scripted outcome (a response
+    maker gets the request's body), and records what was asked."""
 
-    def __init__(self, core_box: list[ProxyCore], *outcomes: Outcome) -> None:
-        self._core = core_box
+    def __init__(self, *outcomes: Outcome | Callable[[dict[str, Any]], UpstreamResponse]) -> None:
         self.outcomes = list(outcomes)
+        self.services: Services | None = None
         self.asked: list[str] = []  # origins, in order
+        self.bodies: list[dict[str, Any]] = []
+        self.request_ids: list[bytes] = []
         self.seen_live: list[int] = []  # live entries while each call was made
         self.seen_in_flight: list[int] = []  # the asked backend's in-flight count then
-        self.closed = False
 
     async def request(
         self,
@@ -48,14 +120,20 @@ class FakeUpstream:
         method: bytes = b"POST",
         on_sent: Callable[[UpstreamResponse], None] | None = None,
     ) -> UpstreamResponse:
-        core = self._core[0]
+        services = self.services
+        assert services is not None
         self.asked.append(origin)
-        self.seen_live.append(len(core.live))
-        backend = next(b for b in core.fleet if b.url == origin)
-        self.seen_in_flight.append(backend.load.in_flight)
+        self.bodies.append(orjson.loads(body))
+        self.request_ids.append(dict(headers)[b"x-request-id"])
+        self.seen_live.append(len(services.live))
+        self.seen_in_flight.append(services.backend(origin).load.in_flight)
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, UpstreamError):
             raise outcome
+        if isinstance(outcome, UpstreamResponse):
+            return outcome
+        if callable(outcome):
+            return outcome(self.bodies[-1])
         status, answer = outcome
         return UpstreamResponse.complete(status, [(b"content-type", b"application/json")], answer)
 
@@ -63,15 +141,10 @@ class FakeUpstream:
         pass
 
     async def close(self) -> None:
-        self.closed = True
+        pass
 
 
-def make_core(
-    *outcomes: Outcome, upstream: type[FakeUpstream] = FakeUpstream
-) -> tuple[ProxyCore, FakeUpstream]:
-    box: list[ProxyCore] = []
-    fake = upstream(box, *outcomes)
-    clock = FakeClock()
+def make(*outcomes: Outcome | Callable[[dict[str, Any]], UpstreamResponse]) -> Services:
     settings = load_settings(
         {
             "backends": [{"url": u, "models": [MODEL]} for u in ORIGINS],
@@ -80,69 +153,126 @@ def make_core(
             "unhealthy_after": 100,
         }
     )
-    core = ProxyCore(settings, clock, upstream=fake)
-    box.append(core)
-    for b in core.fleet:
-        b.healthy = True
-        b.snapshot = MetricsSnapshot(clock.now(), EngineMetrics())
-    return core, fake
-
-
-def backend_of(core: ProxyCore, origin: str) -> str:
-    return next(b.id for b in core.fleet if b.url == origin)
+    services = Services(settings, FakeUpstream(*outcomes))
+    _: RequestServices = services  # what the session gets: the port, nothing more
+    return services
 
 
 def session(
-    core: ProxyCore, sent: list[dict[str, Any]], movability: Movability | None = None
+    services: Services,
+    sent: list[MutableMapping[str, Any]],
+    movability: Movability | None = None,
+    *,
+    stream: bool = False,
 ) -> RequestSession:
-    body = {"model": MODEL, "prompt": "hello", "max_tokens": 4}
-    ctx = RequestContext("r1", "completions", MODEL, body, {}, False, "hello", 5)
+    body: dict[str, Any] = {"model": MODEL, "prompt": "hello", "max_tokens": 6}
+    if stream:
+        body["stream"] = True
+    ctx = RequestContext("r1", "completions", MODEL, body, {}, stream, "hello", 5)
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     return RequestSession(
-        core, LegOpener(core), "/v1/completions", ctx, b'{"model":"m","prompt":"hello"}',
+        services, LegServices(services), "/v1/completions", ctx, orjson.dumps(body),
         [(b"x-request-id", b"up-1")], send, time.perf_counter(), movability,
     )  # fmt: skip
 
 
-def assert_clean(core: ProxyCore) -> None:
-    assert len(core.live) == 0
-    for b in core.fleet:
+def assert_clean(services: Services) -> None:
+    assert len(services.live) == 0
+    for b in services.fleet:
         load = b.load
         assert (load.in_flight, load.pending_prefill_tokens, load.running_decodes) == (0, 0, 0)
 
 
-async def test_start_uses_the_given_upstream_and_stop_closes_it() -> None:
-    core, fake = make_core()
-    await core.start()
-    try:
-        assert core.upstream_pool() is fake
-    finally:
-        await core.stop()
-    assert fake.closed
+# --- a streaming stand-in engine
 
 
-async def test_without_one_start_builds_its_own_pool() -> None:
-    core = ProxyCore(load_settings({"backends": [ORIGINS[0]]}), FakeClock())
-    with pytest.raises(RuntimeError):
-        core.upstream_pool()
-    await core.start()
-    try:
-        assert isinstance(core.upstream_pool(), UpstreamPool)
-    finally:
-        await core.stop()
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def completion_stream(body: dict[str, Any], stream_id: str) -> list[bytes]:
+    """The events the stand-in engine streams for `body`: a first request (the prompt "hello")
+    starts at token 0, a continuation (prompt ids) after the tokens it carries."""
+    prompt = body["prompt"]
+    prompt_ids = PROMPT_IDS if prompt == "hello" else prompt
+    start = len(prompt_ids) - len(PROMPT_IDS)
+    end = start + body["max_tokens"]
+    assert body.get("return_token_ids") is True  # the proxy tracks the tokens it relays
+    events = []
+    for i in range(start, end):
+        tid, text = token(i)
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length" if i == end - 1 else None,
+            "stop_reason": None,
+            "prompt_token_ids": prompt_ids if i == start else None,
+            "token_ids": [tid],
+        }
+        events.append(
+            sse({"id": stream_id, "object": "text_completion", "created": 1, "model": MODEL,
+                 "choices": [choice]})
+        )  # fmt: skip
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": end - start,
+            "total_tokens": len(prompt_ids) + end - start,
+        }
+        events.append(
+            sse({"id": stream_id, "object": "text_completion", "created": 1, "model": MODEL,
+                 "choices": [], "usage": usage})
+        )  # fmt: skip
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+class BrokenStream(UpstreamResponse):
+    """A streamed answer whose connection drops after its first `events`."""
+
+    __slots__ = ("_script",)
+
+    def __init__(self, events: list[bytes]) -> None:
+        super().__init__(None)
+        self.status = 200
+        self.raw_headers = [(b"content-type", b"text/event-stream")]
+        self._script = deque(events)
+
+    async def __anext__(self) -> bytes:
+        if self._script:
+            return self._script.popleft()
+        raise UpstreamError("disconnect", "connection reset mid-stream")
+
+
+def breaks_after(n: int) -> Callable[[dict[str, Any]], UpstreamResponse]:
+    return lambda body: BrokenStream(completion_stream(body, "cmpl-first")[:n])
+
+
+def streams_whole(body: dict[str, Any]) -> UpstreamResponse:
+    events = b"".join(completion_stream(body, "cmpl-second"))
+    return UpstreamResponse.complete(200, [(b"content-type", b"text/event-stream")], events)
+
+
+def client_events(sent: list[MutableMapping[str, Any]]) -> list[bytes]:
+    assert sent[0]["type"] == "http.response.start"
+    assert all(m["type"] == "http.response.body" for m in sent[1:])
+    assert sent[-1].get("more_body", False) is False  # the body ended, once
+    raw = b"".join(m["body"] for m in sent[1:])
+    return [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+
+
+# --- the tests
 
 
 async def test_a_non_streamed_answer_is_relayed_whole() -> None:
-    core, fake = make_core((200, b'{"id":"x","choices":[]}'))
-    await core.start()
-    try:
-        sent: list[dict[str, Any]] = []
-        status = await session(core, sent).run()
-    finally:
-        await core.stop()
+    services = make((200, b'{"id":"x","choices":[]}'))
+    fake = services.upstream_pool()
+    sent: list[MutableMapping[str, Any]] = []
+    status = await session(services, sent).run()
     assert status == 200
     assert len(fake.asked) == 1
     assert fake.seen_live == [1]  # in the live table while its backend was asked
@@ -151,9 +281,8 @@ async def test_a_non_streamed_answer_is_relayed_whole() -> None:
     assert sent[0]["status"] == 200
     assert (b"content-length", b"23") in sent[0]["headers"]
     assert sent[1]["body"] == b'{"id":"x","choices":[]}'
-    asked = next(b for b in core.fleet if b.url == fake.asked[0])
-    assert asked.load.dispatched_total == 1
-    assert_clean(core)
+    assert services.backend(fake.asked[0]).load.dispatched_total == 1
+    assert_clean(services)
 
 
 @pytest.mark.parametrize(
@@ -164,52 +293,85 @@ async def test_a_non_streamed_answer_is_relayed_whole() -> None:
 async def test_a_failure_before_the_first_byte_is_retried_on_the_other_backend(
     first: Outcome,
 ) -> None:
-    core, fake = make_core(first, (200, b'{"from":"second"}'))
-    await core.start()
-    try:
-        sent: list[dict[str, Any]] = []
-        s = session(core, sent)
-        status = await s.run()
-    finally:
-        await core.stop()
+    services = make(first, (200, b'{"from":"second"}'))
+    fake = services.upstream_pool()
+    sent: list[MutableMapping[str, Any]] = []
+    s = session(services, sent)
+    status = await s.run()
     assert status == 200
     assert len(fake.asked) == 2
     assert fake.asked[0] != fake.asked[1]  # the retry went to the other backend
-    assert s.tried == [backend_of(core, o) for o in fake.asked]
+    assert s.tried == [services.backend(o).id for o in fake.asked]
+    assert fake.request_ids == [b"up-1", b"up-1-1"]  # a retry has an id of its own
     assert sent[1]["body"] == b'{"from":"second"}'  # the second backend's answer
     assert fake.seen_live == [1, 1]
     assert fake.seen_in_flight == [1, 1]  # each attempt charged only where it was sent
-    assert sum(b.load.dispatched_total for b in core.fleet) == 2
-    assert_clean(core)
+    assert sum(b.load.dispatched_total for b in services.fleet) == 2
+    assert_clean(services)
 
 
 async def test_when_every_attempt_fails_the_client_gets_a_502_and_nothing_stays_charged() -> None:
-    core, fake = make_core(*[UpstreamError("disconnect", "reset")] * 3)
-    await core.start()
-    try:
-        with pytest.raises(ProxyError) as raised:
-            await session(core, []).run()
-    finally:
-        await core.stop()
+    services = make(*[UpstreamError("disconnect", "reset")] * 3)
+    fake = services.upstream_pool()
+    with pytest.raises(ProxyError) as raised:
+        await session(services, []).run()
     assert raised.value.status == 502
     assert len(fake.asked) == 3  # max_attempts
     assert fake.outcomes == []
-    assert_clean(core)
+    assert_clean(services)
+
+
+async def test_a_stream_broken_mid_way_continues_on_the_other_backend_token_exact() -> None:
+    services = make(breaks_after(3), streams_whole)
+    fake = services.upstream_pool()
+    sent: list[MutableMapping[str, Any]] = []
+    s = session(services, sent, Movability(True, True, ""), stream=True)
+    status = await s.run()
+
+    assert status == 200
+    first, second = (services.backend(o) for o in fake.asked)
+    assert first is not second
+    # The continuation asked the second backend for the rest, after the tokens relayed.
+    assert fake.bodies[1]["prompt"] == [*PROMPT_IDS, 100, 101, 102]
+    assert fake.bodies[1]["max_tokens"] == 3
+    assert fake.request_ids == [b"up-1", b"up-1-1"]
+
+    events = client_events(sent)
+    assert events[-1] == b"data: [DONE]\n\n"
+    data = [orjson.loads(e[6:]) for e in events[:-1]]
+    texts = [c["text"] for d in data for c in d["choices"]]
+    assert texts == [token(i)[1] for i in range(6)]  # every token, once, in order
+    assert {d["id"] for d in data} == {"cmpl-first"}  # one stream, as the client sees it
+    assert all("token_ids" not in c for d in data for c in d["choices"])  # not asked for
+    assert data[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in d for d in data)  # not asked for either
+
+    assert [leg.backend for leg in s.legs] == [first, second]
+    view = s.view()
+    assert (view["moves"], view["tokens_generated"]) == (1, 6)
+    assert [leg["reason"] for leg in view["legs"]] == ["first", "backend_failed"]
+    finished = s.finished()  # what the request log keeps
+    assert finished.backends == [first.id, second.id]
+    assert (finished.moves, finished.completion_tokens, finished.answer) == (1, 6, None)
+    assert not first.healthy  # ejected until its next passing health check
+    assert first.last_error.startswith("mid_stream")
+    assert second.healthy
+    assert_clean(services)
 
 
 async def test_why_a_session_cannot_move() -> None:
-    core, _ = make_core()
-    not_generation = session(core, [])
+    services = make()
+    not_generation = session(services, [])
     assert not_generation.movable_reason(planned=True) == "not_generation"
     with pytest.raises(NotMovable) as raised:
         await not_generation.move()
     assert raised.value.reason == "not_generation"
 
-    failover_only = session(core, [], Movability(True, False, "seed"))
+    failover_only = session(services, [], Movability(True, False, "seed"))
     assert failover_only.movable_reason(planned=False) == ""
     assert failover_only.movable_reason(planned=True) == "seed"
 
-    movable = session(core, [], Movability(True, True, ""))
+    movable = session(services, [], Movability(True, True, ""))
     assert movable.movable_reason(planned=True) == ""
     with pytest.raises(NotMovable) as raised:
         await movable.move()
@@ -239,10 +401,12 @@ class DownWhileConnecting(FakeUpstream):
     ) -> UpstreamResponse:
         if self.asked:
             return await super().request(origin, path, headers, body, method, on_sent)
-        core = self._core[0]
+        services = self.services
+        assert services is not None
         self.asked.append(origin)
-        backend = next(b for b in core.fleet if b.url == origin)
-        for entry in core.live.on_backend(backend.id):
+        backend = services.backend(origin)
+        for entry in services.live.on_backend(backend.id):
+            assert entry.waiting_since() is not None  # connecting counts as waiting
             entry.backend_down("found down while connecting")
         resp = UpstreamResponse(None)  # written, no head yet
         assert on_sent is not None
@@ -252,14 +416,12 @@ class DownWhileConnecting(FakeUpstream):
 
 
 async def test_a_backend_found_down_while_its_connection_is_made_is_left_once_written() -> None:
-    core, fake = make_core((200, b'{"from":"second"}'), upstream=DownWhileConnecting)
-    await core.start()
-    try:
-        sent: list[dict[str, Any]] = []
-        status = await session(core, sent).run()
-    finally:
-        await core.stop()
+    settings = make().settings
+    fake = DownWhileConnecting((200, b'{"from":"second"}'))
+    services = Services(settings, fake)
+    sent: list[MutableMapping[str, Any]] = []
+    status = await session(services, sent).run()
     assert status == 200
     assert len(fake.asked) == 2 and fake.asked[0] != fake.asked[1]
     assert sent[1]["body"] == b'{"from":"second"}'
-    assert_clean(core)
+    assert_clean(services)
