@@ -11,6 +11,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Response headers that describe the backend's hop only, or that the proxy writes itself.
 _DROP_RESPONSE_HEADERS = frozenset(

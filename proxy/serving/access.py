@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from proxy.asgi import Receive, Scope, Send, send_error
+from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.request.entry import HOT_ROUTES
 from proxy.settings import check_api_key
-
-AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class KeyCheck(Protocol):

@@ -27,15 +27,15 @@ from fleet.change_log import ChangeLog
 from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
-from proxy.asgi import Receive, Scope, Send, send_error
+from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.control.admin_routes import admin_router
 from proxy.control.colocated_planner import ColocatedPlanner
 from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
+from proxy.metrics import RouterMetrics
 from proxy.request.entry import HOT_ROUTES, Forwarder
 from proxy.serving.access import (
-    AsgiApp,
     ControlPlaneKeys,
     KeyCheck,
     RequireClientKey,
@@ -87,6 +87,10 @@ class FleetProxyApp:
                 allow_headers=s.cors_allow_headers,
                 allow_credentials=s.cors_allow_credentials,
             )
+
+    @property
+    def metrics(self) -> RouterMetrics:
+        return self.core.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in HOT_ROUTES:

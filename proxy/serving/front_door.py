@@ -25,7 +25,19 @@ from proxy.serving.refusal_stats import FrontDoorStats
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from proxy.serving.app import FleetProxyApp
+    from proxy.asgi import AsgiApp
+    from proxy.metrics import RouterMetrics
+
+
+class ServedApp(Protocol):
+    """What the front door needs of the app it serves: the ASGI callable to run, and the
+    metrics its refusals are counted in."""
+
+    @property
+    def asgi(self) -> AsgiApp: ...
+    @property
+    def metrics(self) -> RouterMetrics: ...
+
 
 log = logging.getLogger("fleet_proxy.front_door")
 
@@ -40,10 +52,10 @@ SHUTDOWN_BACKSTOP_S = 5.0
 FD_RESERVE = 1024
 
 
-def uvicorn_config(app: FleetProxyApp, settings: Settings, **overrides: Any) -> uvicorn.Config:
+def uvicorn_config(app: ServedApp, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """The proxy's serving configuration; `overrides` replace any of its uvicorn.Config
     arguments (the tests' port 0 and `loop="none"`)."""
-    stats = FrontDoorStats(app.core.metrics)
+    stats = FrontDoorStats(app.metrics)
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
