@@ -149,21 +149,18 @@ class Mover:
         "_legs",
         "_movability",
         "_order",
-        "_session",
         "_staging",
         "moves",
     )
 
     def __init__(
         self,
-        session: MovingSession,
         core: RequestServices,
         legs: LegServices,
         ctx: RequestContext,
         ledger: TokenLedger | None,
         movability: Movability | None,
     ) -> None:
-        self._session = session
         self._core = core
         self._legs = legs
         self._ctx = ctx
@@ -203,12 +200,14 @@ class Mover:
 
     # --- a planned move
 
-    async def move(self, to: Backend | None, reason: str, kind: str | None) -> MoveResult:
+    async def move(
+        self, session: MovingSession, to: Backend | None, reason: str, kind: str | None
+    ) -> MoveResult:
         """See fleet.live.LiveEntry.move."""
         requested = kind or self._core.settings.move_kind
         if requested not in _REQUESTED:
             raise NotMovable("unknown_kind")
-        leg = self._check_movable(to)
+        leg = self._check_movable(session, to)
         move_kind, to = planned_kind(
             self._legs.chooser, self._ctx, self._ledger, self._core.settings.move_costs(),
             leg.backend, to, cast("RequestedKind", requested),
@@ -221,29 +220,28 @@ class Mover:
                 assert self._ledger is not None
                 staged = await precopy(
                     self._legs.kv, self._ctx, self._ledger, leg.backend, to,
-                    self._session.leg_headers,
+                    session.leg_headers,
                 )  # fmt: skip
             finally:
                 self._staging = False
             if not staged:
                 move_kind = "recompute"  # the staging failed: a plain move to the same target
-            session = self._session
             if session.leg is leg and leg.closed and self._cut_at is None and not session.opening:
                 return MoveResult("finished", leg.backend.id, kind=move_kind)
-            leg = self._check_movable(to)  # it may have ended, failed or moved meanwhile
+            leg = self._check_movable(session, to)  # it may have ended, failed or moved meanwhile
         order = MoveOrder(to, reason, move_kind, staged)
         self._order = order
         leg.resp.interrupt(f"moved by the proxy ({reason})")
         return await asyncio.shield(order.done)
 
-    def _check_movable(self, to: Backend | None) -> Leg:
+    def _check_movable(self, session: MovingSession, to: Backend | None) -> Leg:
         """The leg a planned move to `to` would cut; raises NotMovable."""
         why = self.movable_reason(planned=True)
         if why:
             raise NotMovable(why)
         if self._order is not None or self._cut_at is not None or self._staging:
             raise NotMovable("move_in_progress")
-        leg = self._session.leg
+        leg = session.leg
         if leg is None:
             raise NotMovable("not_started")
         if leg.closed:
@@ -261,10 +259,9 @@ class Mover:
 
     # --- after a leg stopped
 
-    async def next_leg(self, brk: Break) -> bool:
+    async def next_leg(self, session: MovingSession, brk: Break) -> bool:
         """Continue the request after its leg stopped; False when it cannot (the client then
         got an error, or an assembled answer fails)."""
-        session = self._session
         source = session.leg
         assert source is not None
         metrics = self._core.metrics
@@ -293,18 +290,20 @@ class Mover:
         why = self.movable_reason(planned=order is not None)
         if not restart and (ledger is None or why):
             metrics.count_migration(reason, "not_movable")
-            return await self._give_up(source, f"{brk.detail}; the request cannot move ({why})")
-        return await self._continue(source, ledger, reason, order, restart)
+            return await self._give_up(
+                session, source, f"{brk.detail}; the request cannot move ({why})"
+            )
+        return await self._continue(session, source, ledger, reason, order, restart)
 
     async def _continue(
         self,
+        session: MovingSession,
         source: Leg,
         ledger: TokenLedger | None,
         reason: str,
         order: MoveOrder | None,
         restart: bool,
     ) -> bool:
-        session = self._session
         metrics = self._core.metrics
         cut_at = session.last_sent or time.perf_counter()
         if restart or ledger is None:
@@ -312,23 +311,25 @@ class Mover:
                 session.path, session.first_body, self._ctx.prompt_tokens, 0, 0, "recompute"
             )
         else:
-            resume = await self._resumption(source, ledger, order)
+            resume = await self._resumption(session, source, ledger, order)
         if isinstance(resume, str):
             metrics.count_migration(reason, "not_movable")
-            return await self._give_up(source, resume)
+            return await self._give_up(session, source, resume)
         # Backends that broke are out of the candidates until their health check passes.
         required = order.to if order is not None else None
-        leg, detail = await self._open(resume, {source.backend.id}, required, reason, resume.kind)
+        leg, detail = await self._open(
+            session, resume, {source.backend.id}, required, reason, resume.kind
+        )
         if leg is None and order is not None:
             # A planned move must not cost the client its answer: back on the source, which
             # was healthy (a drain only stops new requests).
             leg, detail = await self._open(
-                resume, set(), source.backend, reason, "recompute", force=True
+                session, resume, set(), source.backend, reason, "recompute", force=True
             )
         if leg is None:
             metrics.count_migration(reason, "failed")
             metrics.count_migration_kind(resume.kind, "failed")
-            return await self._give_up(source, f"the request could not continue: {detail}")
+            return await self._give_up(session, source, f"the request could not continue: {detail}")
         prompt_len, tokens = resume.prompt_len, resume.tokens
         splice = None if restart else (prompt_len - tokens, tokens, resume.resent)
         session.continue_on(leg, splice)
@@ -348,7 +349,7 @@ class Mover:
         return True
 
     async def _resumption(
-        self, source: Leg, ledger: TokenLedger, order: MoveOrder | None
+        self, session: MovingSession, source: Leg, ledger: TokenLedger, order: MoveOrder | None
     ) -> _Resume | str:
         """The continuation of a stream the client received part of; a string says why there
         is none."""
@@ -377,7 +378,7 @@ class Mover:
         if resume.kind == "handover":
             # The source's prefix cache still holds the aborted request's blocks: it computes
             # the last few tokens and offers the KV for the target to pull.
-            kv_headers = self._session.leg_headers()
+            kv_headers = session.leg_headers()
             kv = await self._legs.kv.kv_from(
                 source.backend, resume.path, kv_headers, continued, resume.prompt_len, "handover"
             )
@@ -390,6 +391,7 @@ class Mover:
 
     async def _open(
         self,
+        session: MovingSession,
         resume: _Resume,
         exclude: set[str],
         required: Backend | None,
@@ -402,7 +404,6 @@ class Mover:
         with `force`) outside `exclude`, trying another backend after a failed connection;
         None and why when none answered. A handover's KV body goes to a target that
         transfers KV, the plain body to any other; a pre-copy's KV is only on `required`."""
-        session = self._session
         kv_headers = resume.kv_headers
         detail = "no backend could continue it"
         for _ in range(self._core.settings.max_attempts):
@@ -467,13 +468,13 @@ class Mover:
             )
         )
 
-    async def _give_up(self, source: Leg, detail: str) -> bool:
+    async def _give_up(self, session: MovingSession, source: Leg, detail: str) -> bool:
         self._resolve(MoveResult("failed", source.backend.id, detail=detail))
         log.warning("request %s: %s", self._ctx.request_id, detail)
         message = "the backend failed mid-stream; the response is incomplete"
         if self._core.settings.error_details:
             message = f"backend {source.backend.id}: {detail}; the response is incomplete"
-        await self._session.end_with_error(message)
+        await session.end_with_error(message)
         source.backend.last_error = detail
         return False
 
