@@ -6,6 +6,7 @@ backend after its first one broke, and the accounting and live table left clean.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from collections.abc import Callable, MutableMapping, Sequence
@@ -425,3 +426,28 @@ async def test_a_backend_found_down_while_its_connection_is_made_is_left_once_wr
     assert len(fake.asked) == 2 and fake.asked[0] != fake.asked[1]
     assert sent[1]["body"] == b'{"from":"second"}'
     assert_clean(services)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_finished_request_leaves_nothing_for_the_cyclic_garbage_collector(
+    stream: bool,
+) -> None:
+    """A session and what it owns are freed by reference counting as the request ends: a
+    reference cycle through them (the session <-> its mover, say) would leave every request
+    to the cyclic collector, which cost 20 us of CPU per request when it happened."""
+    services = make(streams_whole if stream else (200, b'{"id":"x","choices":[]}'))
+    movability = Movability(True, True, "") if stream else None
+    sent: list[MutableMapping[str, Any]] = []
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert await session(services, sent, movability, stream=stream).run() == 200
+        gc.collect()
+        cyclic = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert sent  # the request was served
+    assert not cyclic & {"RequestSession", "Mover", "Leg", "TokenLedger", "Dispatch"}
