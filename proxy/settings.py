@@ -47,7 +47,9 @@ from rescheduler.config import (
     SelectRule,
 )
 
-_BACKEND_ID = re.compile(r"[\x21-\x7e]{1,128}")
+# Printable ASCII without spaces (it goes out in headers and metric labels) and without "/"
+# (the admin API names a backend by its id as one URL path segment: /admin/backends/{id}/drain).
+_BACKEND_ID = re.compile(r"[\x21-\x2e\x30-\x7e]{1,128}")
 
 
 def check_api_key(key: str) -> None:
@@ -100,10 +102,10 @@ class BackendConfig(BaseModel):
     @field_validator("id")
     @classmethod
     def _printable_id(cls, v: str | None) -> str | None:
-        # The id goes out in response headers (x-fleet-backend) and metric labels.
         if v is not None and not _BACKEND_ID.fullmatch(v):
             raise ValueError(
-                f"backend id must be 1-128 printable ASCII characters without spaces, got {v!r}"
+                "backend id must be 1-128 printable ASCII characters without spaces or '/', "
+                f"got {v!r}"
             )
         return v
 

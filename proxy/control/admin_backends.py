@@ -9,16 +9,16 @@ proxy/control/operations.py; backends added here must pass the URL policy
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import HTTPException
+from fastapi import HTTPException, Query
 
 from fleet.changes import FleetChanges
 from fleet.outliers import EjectionState
 from fleet.registry import DuplicateBackend, FleetRegistry
 from fleet.types import Backend
 from proxy.control import operations
-from proxy.control.operations import NoBackend
+from proxy.control.operations import MOVE_REASON_MAX, MOVE_REASON_PATTERN, NoBackend
 from proxy.ports import ControlServices
 from proxy.settings import BackendConfig
 from proxy.url_policy import UrlPolicy, refuse_kv_events_reason, refuse_reason
@@ -127,10 +127,28 @@ class BackendRoutes:
             raise not_found(e) from None
         return self.view(b)
 
-    async def evacuate(self, backend_id: str, drain: bool = True, reason: str = "evacuate") -> Any:
+    async def evacuate(
+        self,
+        backend_id: str,
+        drain: bool = True,
+        reason: Annotated[
+            str, Query(min_length=1, max_length=MOVE_REASON_MAX, pattern=MOVE_REASON_PATTERN)
+        ] = "evacuate",
+    ) -> Any:
         """Move every movable live request off a backend, all at once; with `drain` (the
-        default) the backend first stops taking new requests."""
+        default) the backend first stops taking new requests. 409, changing nothing, when no
+        other routable backend serves its models: nothing could move, and draining it would
+        leave its models unserved."""
         backend = backend_or_404(self.core.fleet, backend_id)
+        if not operations.takers_besides(self.core.fleet, backend, self.core.clock.now()):
+            raise HTTPException(
+                status_code=409,
+                detail=(
+                    f"cannot evacuate backend {backend_id!r}: no other routable backend serves "
+                    "its models, so nothing could move; drain it (POST "
+                    f"/admin/backends/{backend_id}/drain) to stop it taking new requests anyway"
+                ),
+            )
         return await operations.evacuate_backend(
             self.core, self.changes, backend, drain=drain, reason=reason
         )

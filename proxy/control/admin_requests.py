@@ -10,6 +10,7 @@ from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.live import LiveEntry
 from proxy.control import operations
 from proxy.control.admin_backends import backend_or_404
 from proxy.ports import ControlServices
@@ -22,7 +23,12 @@ class MoveOrderBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     to: str | None = None
-    reason: str = Field(default="admin", min_length=1, max_length=64, pattern=r"^[a-z0-9_]+$")
+    reason: str = Field(
+        default="admin",
+        min_length=1,
+        max_length=operations.MOVE_REASON_MAX,
+        pattern=operations.MOVE_REASON_PATTERN,
+    )
     # Move it only if it is still on this backend (a rescheduler's view may be old):
     # otherwise 409 not_movable.
     source: str | None = None
@@ -30,6 +36,18 @@ class MoveOrderBody(BaseModel):
     timeout: float | None = Field(default=None, gt=0, le=600)
     # How the KV moves (proxy/stream/move_kinds.py); None: the `move_kind` setting.
     kind: Literal["auto", "recompute", "handover", "precopy"] | None = None
+
+
+def live_view(entry: LiveEntry) -> dict[str, Any]:
+    """A live request as GET /admin/requests shows it: `movable` / `not_movable_reason` say
+    whether it can move if its backend fails, `planned_movable` / `planned_not_movable_reason`
+    whether migrate and evacuate can move it now (a seeded request moves on failure only)."""
+    planned = entry.movable_reason(planned=True)
+    return {
+        **entry.view(),
+        "planned_movable": planned == "",
+        "planned_not_movable_reason": planned or None,
+    }
 
 
 # The migrate route's answer when the request did not move, as its OpenAPI entry says it.
@@ -48,7 +66,7 @@ class RequestRoutes:
         self.core = core
 
     async def live_requests(self) -> list[dict[str, Any]]:
-        return [r.view() for r in self.core.live]
+        return [live_view(r) for r in self.core.live]
 
     async def migrate(self, request_id: str, order: MoveOrderBody | None = None) -> JSONResponse:
         """Move a running request to another backend (`to`, else the policy's choice),

@@ -19,6 +19,11 @@ from fleet.registry import FleetRegistry
 from fleet.types import Backend, BackendSpec
 from proxy.ports import ControlServices
 
+# A move's reason labels fleet_proxy_migrations_total: a closed alphabet and length keep the
+# series few (free text would add one series per distinct string).
+MOVE_REASON_PATTERN = r"^[a-z0-9_]+$"
+MOVE_REASON_MAX = 64
+
 
 class NoBackend(KeyError):
     """No backend has this id."""
@@ -53,6 +58,18 @@ async def set_draining(changes: FleetChanges, backend_id: str, draining: bool) -
     if backend is None:
         raise NoBackend(backend_id)
     return backend
+
+
+def takers_besides(fleet: FleetRegistry, backend: Backend, now: float) -> list[Backend]:
+    """The routable backends other than `backend` that serve one of its models (any, while its
+    models are not known): where its requests could move to, and what would still serve its
+    models' new requests once it drains."""
+    models = set(backend.spec.models)
+    return [
+        b
+        for b in fleet.routable(now)
+        if b.id != backend.id and (not models or models.intersection(b.spec.models))
+    ]
 
 
 def find_live_request(live: LiveTable, request_id: str) -> LiveEntry | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import openai
@@ -420,3 +421,116 @@ async def test_ending_a_program_under_a_policy_that_keeps_none_is_409_not_404(ba
             "name": "round_robin",
             "stats": {"policy": "round_robin", "decisions": 0, "failures": 0},
         }
+
+
+async def test_a_backend_id_with_a_slash_is_refused_and_others_stay_addressable(backend):
+    """The admin API names a backend by its id as one path segment: an id with "/" could be
+    added but never drained, evacuated or removed. Other punctuation (a pod's name, a
+    host:port) works in every route."""
+    other = FakeBackend()
+    await other.start()
+    try:
+        async with (
+            running_proxy(fast_settings([backend.url])) as (url, app),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            r = await c.post("/admin/backends", json={"url": other.url, "id": "ns/pod-0"})
+            assert r.status_code == 400
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error"
+            assert "without spaces or '/'" in err["message"] and "ns/pod-0" in err["message"]
+            assert len(list(app.core.fleet)) == 1
+
+            odd = "pod-0.ns_a:8000@[x]?%#"
+            r = await c.post("/admin/backends", json={"url": other.url, "id": odd})
+            assert r.status_code == 201, r.text
+            quoted = quote(odd, safe="")
+            assert (await c.post(f"/admin/backends/{quoted}/drain")).json()["draining"] is True
+            assert (await c.post(f"/admin/backends/{quoted}/undrain")).json()["draining"] is False
+            assert (await c.delete(f"/admin/backends/{quoted}")).json()["removed"] == odd
+            assert len(list(app.core.fleet)) == 1
+    finally:
+        await other.stop()
+
+
+async def routable_ids(c: httpx.AsyncClient, want: int) -> list[str] | None:
+    views: list[dict[str, Any]] = (await c.get("/admin/backends")).json()
+    ids = [v["id"] for v in views if v["routable"]]
+    return ids if len(ids) == want else None
+
+
+@pytest.mark.parametrize("reason", ["Free text", "x" * 65, "", "MAINTENANCE"])
+async def test_an_evacuate_reason_outside_the_metric_label_alphabet_is_refused(backend, reason):
+    """The reason labels fleet_proxy_migrations_total: as for migrate, only [a-z0-9_]{1,64}, so a
+    client cannot grow /metrics a series per string. A refused evacuate changes nothing."""
+    other = FakeBackend()
+    await other.start()
+    try:
+        async with (
+            running_proxy(fast_settings([backend.url, other.url])) as (url, _),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            ids = await eventually(lambda: routable_ids(c, 2), what="both backends routable")
+            r = await c.post(f"/admin/backends/{ids[0]}/evacuate", params={"reason": reason})
+            assert r.status_code == 400
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and "reason" in err["message"]
+            assert not any(v["draining"] for v in (await c.get("/admin/backends")).json())
+            r = await c.post(f"/admin/backends/{ids[0]}/evacuate", params={"reason": "upgrade_2"})
+            assert r.status_code == 200 and r.json()["draining"] is True
+    finally:
+        await other.stop()
+
+
+async def test_evacuating_the_last_routable_backend_is_refused_and_changes_nothing(backend):
+    """Nothing could move off it, and draining it would answer 503 to every new request: 409,
+    the backend left as it was. A plain drain still stops it on purpose."""
+    other = FakeBackend()
+    await other.start()
+    try:
+        async with (
+            running_proxy(fast_settings([backend.url, other.url])) as (url, _),
+            httpx.AsyncClient(base_url=url) as c,
+        ):
+            first, last = await eventually(lambda: routable_ids(c, 2), what="both routable")
+            assert (await c.post(f"/admin/backends/{first}/evacuate")).status_code == 200
+            r = await c.post(f"/admin/backends/{last}/evacuate")
+            assert r.status_code == 409
+            message = r.json()["error"]["message"]
+            assert "no other routable backend" in message and f"{last}/drain" in message
+            assert await routable_ids(c, 1) == [last]
+            assert (await c.get("/ready")).status_code == 200
+            r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+            assert r.status_code == 200 and r.headers["x-fleet-backend"] == last
+            # Once the first is back, the last one can be evacuated.
+            assert (await c.post(f"/admin/backends/{first}/undrain")).status_code == 200
+            assert (await c.post(f"/admin/backends/{last}/evacuate")).status_code == 200
+            assert await routable_ids(c, 1) == [first]
+    finally:
+        await other.stop()
+
+
+async def test_live_requests_say_apart_moving_on_failure_and_moving_by_order(backend):
+    """A seeded request moves when its backend fails (the seed goes on with it) but not on an
+    order: the list says both, and migrate agrees with it."""
+    hold = asyncio.Semaphore(0)
+    backend.behaviour = Behaviour(chunks=2, hold=hold)
+    async with (
+        running_proxy(fast_settings([backend.url])) as (url, _),
+        httpx.AsyncClient(base_url=url) as c,
+    ):
+        base = {"model": "fake-model", "prompt": "x", "stream": True}
+        tasks = [
+            asyncio.create_task(c.post("/v1/completions", json=body, headers={"x-request-id": rid}))
+            for rid, body in (("seeded", {**base, "seed": 7}), ("plain", base))
+        ]
+        await eventually(lambda: backend.active == 2, what="both requests at the backend")
+        rows = {r["request_id"]: r for r in (await c.get("/admin/requests")).json()}
+        moves = ("movable", "not_movable_reason", "planned_movable", "planned_not_movable_reason")
+        assert [rows["seeded"][k] for k in moves] == [True, None, False, "seed"]
+        assert [rows["plain"][k] for k in moves] == [True, None, True, None]
+        r = await c.post("/admin/requests/seeded/migrate", json={})
+        assert r.status_code == 409 and r.json()["detail"] == "seed"
+        hold.release()
+        hold.release()
+        assert [(await t).status_code for t in tasks] == [200, 200]
