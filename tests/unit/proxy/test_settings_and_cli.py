@@ -81,6 +81,15 @@ def test_duplicate_backend_ids_are_refused() -> None:
         load_settings({"backends": ["http://a:1", "http://a:1/"]})
 
 
+def test_a_configured_backend_id_with_a_slash_is_refused_at_startup() -> None:
+    # The admin API could never drain, evacuate or remove it (its id is one path segment).
+    backends = [{"url": "http://a:1", "id": "ns/pod-0"}]
+    with pytest.raises(ConfigError, match="without spaces or '/'"):
+        load_settings({"backends": backends})
+    (spec,) = load_settings({"backends": [{"url": "http://a:1", "id": "pod-0.ns"}]}).backend_specs()
+    assert spec.id == "pod-0.ns"
+
+
 def test_missing_config_file() -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_settings({}, Path("/nonexistent/fleet.yaml"))
