@@ -448,8 +448,8 @@ async def test_migrate_to_a_named_backend_and_its_errors(fleet: SimFleet) -> Non
 async def test_a_planned_move_with_nowhere_to_go_leaves_the_request_running(
     fleet: SimFleet,
 ) -> None:
-    """Evacuating the only backend, or moving to a draining one, is refused up front: the
-    request keeps streaming where it is, nothing lost."""
+    """Evacuating the only routable backend, or moving to a draining one, is refused up front:
+    the request keeps streaming where it is, nothing lost, and the backend is not drained."""
     settings = fast_settings(backends(fleet)[:2], policy="round_robin")
     path = "/v1/completions"
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
@@ -468,9 +468,11 @@ async def test_a_planned_move_with_nowhere_to_go_leaves_the_request_running(
         got = await stream(client, url, path, body, after=4, action=try_moves)
         assert answers["to draining"].status_code == 409
         assert answers["to draining"].json()["detail"] == "target_unavailable"
-        report = answers["evacuate"].json()
-        assert report["outcomes"] == {"not_movable": 1}
-        assert report["results"][0]["detail"] == "no_other_backend"
+        assert answers["evacuate"].status_code == 409
+        assert "no other routable backend" in answers["evacuate"].json()["error"]["message"]
+        source = got.headers["x-fleet-backend"]
+        views = (await client.get(url + "/admin/backends")).json()
+        assert [b["id"] for b in views if b["draining"]] == ["e1" if source == "e0" else "e0"]
         assert not got.errors and got.done == 1 and got.text == ref.text
         assert (await migrations(client, url)) == {}
 
