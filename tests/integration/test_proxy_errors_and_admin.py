@@ -483,31 +483,36 @@ async def test_an_evacuate_reason_outside_the_metric_label_alphabet_is_refused(b
 
 
 async def test_evacuating_the_last_routable_backend_is_refused_and_changes_nothing(backend):
-    """Nothing could move off it, and draining it would answer 503 to every new request: 409,
-    the backend left as it was. A plain drain still stops it on purpose."""
-    other = FakeBackend()
+    """Nothing could move off it, and draining it would answer 503 to every new request for its
+    model: 409, the backend left as it was. A backend serving only another model does not count.
+    A plain drain still stops it on purpose."""
+    other, elsewhere = FakeBackend(), FakeBackend(model="other-model")
     await other.start()
+    await elsewhere.start()
     try:
-        async with (
-            running_proxy(fast_settings([backend.url, other.url])) as (url, _),
-            httpx.AsyncClient(base_url=url) as c,
-        ):
-            first, last = await eventually(lambda: routable_ids(c, 2), what="both routable")
+        settings = fast_settings([backend.url, other.url, elsewhere.url])
+        async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+            first, last, apart = await eventually(lambda: routable_ids(c, 3), what="all routable")
             assert (await c.post(f"/admin/backends/{first}/evacuate")).status_code == 200
             r = await c.post(f"/admin/backends/{last}/evacuate")
             assert r.status_code == 409
             message = r.json()["error"]["message"]
             assert "no other routable backend" in message and f"{last}/drain" in message
-            assert await routable_ids(c, 1) == [last]
-            assert (await c.get("/ready")).status_code == 200
+            assert await routable_ids(c, 2) == [last, apart]
             r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
             assert r.status_code == 200 and r.headers["x-fleet-backend"] == last
             # Once the first is back, the last one can be evacuated.
             assert (await c.post(f"/admin/backends/{first}/undrain")).status_code == 200
             assert (await c.post(f"/admin/backends/{last}/evacuate")).status_code == 200
+            assert await routable_ids(c, 2) == [first, apart]
+            # The only backend left: /ready stays 200 after the refusal.
+            assert (await c.post(f"/admin/backends/{apart}/drain")).status_code == 200
+            assert (await c.post(f"/admin/backends/{first}/evacuate")).status_code == 409
             assert await routable_ids(c, 1) == [first]
+            assert (await c.get("/ready")).status_code == 200
     finally:
         await other.stop()
+        await elsewhere.stop()
 
 
 async def test_live_requests_say_apart_moving_on_failure_and_moving_by_order(backend):
