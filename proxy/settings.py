@@ -758,6 +758,8 @@ def format_errors(error: ValidationError) -> str:
         # A whole-model check's input is every setting given, secrets included.
         if not loc or loc[0] in _SECRET_FIELDS:
             lines.append(f"  {field}: {err['msg']}")
+        elif repr(err.get("input")) in err["msg"]:  # the message names the value already
+            lines.append(f"  {field}: {err['msg']}")
         else:
             lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)
