@@ -755,10 +755,9 @@ def format_errors(error: ValidationError) -> str:
     for err in error.errors():
         loc = err["loc"]
         field = ".".join(str(p) for p in loc) or "(settings)"
-        # A whole-model check's input is every setting given, secrets included.
-        if not loc or loc[0] in _SECRET_FIELDS:
-            lines.append(f"  {field}: {err['msg']}")
-        elif repr(err.get("input")) in err["msg"]:  # the message names the value already
+        # A whole-model check's input is every setting given, secrets included; a message that
+        # names the value already is not made to say it twice.
+        if not loc or loc[0] in _SECRET_FIELDS or repr(err.get("input")) in err["msg"]:
             lines.append(f"  {field}: {err['msg']}")
         else:
             lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")

@@ -431,7 +431,8 @@ def plot(
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:
+def options(argv: list[str]) -> argparse.Namespace:
+    """The command line; it ends the script at once when the plot cannot be drawn."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="a 40 s day: a smoke run")
     p.add_argument("--duration", type=float, help="seconds of the day (default 150, quick 40)")
@@ -456,6 +457,11 @@ def main(argv: list[str]) -> int:
         args.plot = args.out / "planner_timeline.png"
     if args.duration is None:
         args.duration = 40.0 if args.quick else 150.0
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = options(argv)
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     day = Day(args.duration, args.low_rate, args.peak_rate)

@@ -64,6 +64,7 @@ from bench.cli import main as bench_main  # noqa: E402
 from bench.paired import compare_settings  # noqa: E402
 from bench.summary import dig, parse_slo  # noqa: E402
 
+
 def require_module(module: str, script: str, why: str, install: str) -> None:
     """Ends the script before it starts anything, with one line, when an optional module it
     will need at the end (matplotlib for the plots) cannot be imported."""

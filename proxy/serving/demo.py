@@ -8,7 +8,6 @@ not stay behind on its ports.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import os
