@@ -297,11 +297,11 @@ def _parsers(
 def parse_line(argv: list[str]) -> argparse.Namespace:
     """The command line parsed; an unknown flag is refused under its subcommand's usage (not
     the top-level one argparse would show) with the closest flags that subcommand has."""
-    from proxy.serving.flag_suggestions import option_strings, unrecognized
-
     parser, subcommands = _parsers(argv[0] if argv else None)
     args, extras = parser.parse_known_args(argv)
     if extras:
+        from proxy.serving.flag_suggestions import option_strings, unrecognized
+
         chosen = subcommands[args.command]
         chosen.error(unrecognized(extras, option_strings(chosen)))
     return args
