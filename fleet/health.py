@@ -8,6 +8,7 @@ everything else it knows about a backend (requests' failures, ejections); the he
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,3 +48,18 @@ def judge_check(ok: bool, healthy: bool, failures: int, unhealthy_after: int) ->
         failures=failures,
         went_down=not ok and failures == unhealthy_after,
     )
+
+
+def failure_detail(e: BaseException) -> str:
+    """An exception as a failed check's detail, with the system's reason when one caused it:
+    httpx says "All connection attempts failed" for a refused connection and a missing host
+    alike, the OSError under it tells them apart (`... (connection refused)`)."""
+    said = f"{type(e).__name__}: {e}"
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return f"{said} ({os.strerror(cause.errno).lower()})"
+        cause = cause.__cause__ or cause.__context__
+    return said

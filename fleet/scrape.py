@@ -15,7 +15,7 @@ import httpx
 import orjson
 
 from fleet.clock import Clock
-from fleet.health import HealthReports
+from fleet.health import HealthReports, failure_detail
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, EngineMetrics, MetricsSnapshot
 from fleet.vllm_metrics import parse_engine_metrics
@@ -95,7 +95,7 @@ class Scraper:
         try:
             r = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
         except httpx.HTTPError as e:
-            self.health.check_failed(backend, f"{self.health_path} failed: {type(e).__name__}: {e}")
+            self.health.check_failed(backend, f"{self.health_path} failed: {failure_detail(e)}")
             return
         if r.status_code == 200:
             self.health.check_passed(backend)

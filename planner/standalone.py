@@ -14,6 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
+import httpx
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +29,22 @@ from planner.sla_mode import decider_for
 from planner.status_server import serving_status
 
 log = logging.getLogger("fleet_proxy.planner")
+
+
+class ProxyUnreachable(Exception):
+    """The planner's first call to the proxy's admin API failed: it has nothing to plan."""
+
+
+def unreachable(proxy: str, e: httpx.HTTPError) -> str:
+    """One line saying why the proxy did not answer the planner, and what to do."""
+    if isinstance(e, httpx.HTTPStatusError):
+        status = e.response.status_code
+        hint = "pass its --admin-token" if status in (401, 403) else "is it fleet-proxy?"
+        return f"the proxy at {proxy} answered its admin API with {status}: {hint}"
+    return (
+        f"cannot reach the proxy at {proxy} ({type(e).__name__}: {e}): start it first "
+        "(`fleet-proxy serve`) or point --proxy at it"
+    )
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -101,7 +118,10 @@ async def run(args: argparse.Namespace, config: PlannerConfig, local: LocalSetti
             )
             log.info("planner /metrics and /status on %s:%d", args.metrics_host, port)
         loop = planner.loop
-        state = await loop.start()
+        try:
+            state = await loop.start()
+        except httpx.HTTPError as e:  # the first call to the proxy: nothing planned yet
+            raise ProxyUnreachable(unreachable(args.proxy, e)) from e
         log.info(
             "planning %s: prefill=%d decode=%d, adjusting every %.1fs",
             args.proxy, state.prefill_replicas, state.decode_replicas, config.adjustment_interval,
@@ -125,6 +145,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
     # Workers outlive the planner on purpose: a restarted one finds them in the state file.
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(args, config, local))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run(args, config, local))
+    except ProxyUnreachable as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 1
     return 0

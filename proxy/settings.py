@@ -757,8 +757,14 @@ def format_errors(error: ValidationError) -> str:
     for err in error.errors():
         loc = err["loc"]
         field = ".".join(str(p) for p in loc) or "(settings)"
-        # A whole-model check's input is every setting given, secrets included.
-        if not loc or loc[0] in _SECRET_FIELDS:
+        # A whole-model check's input is every setting given, secrets included; a message that
+        # quotes the text given already is not made to say it twice.
+        given = err.get("input")
+        if (
+            not loc
+            or loc[0] in _SECRET_FIELDS
+            or (isinstance(given, str) and repr(given) in err["msg"])
+        ):
             lines.append(f"  {field}: {err['msg']}")
         else:
             lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")

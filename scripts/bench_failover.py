@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from localproc import ROOT, free_ports, process, wait_http  # scripts/ is on sys.path
+from localproc import ROOT, ChildExited, free_ports, process, wait_http  # scripts/ on sys.path
 
 MODEL = "sim-llama-8b"
 
@@ -149,25 +149,26 @@ async def run(args: argparse.Namespace, out_dir: Path) -> dict[str, object]:
     engines, proxy_port = ports[:4], ports[4]
     py = sys.executable
     with contextlib.ExitStack() as stack:
-        stack.enter_context(
+        sim_log = out_dir / "sim.log"
+        sim = stack.enter_context(
             process(
                 [py, "-m", "proxy.serving.cli", "sim", "--engines", "4",
                  "--base-port", str(engines[0]),
                  "--speed", str(args.speed)],
-                out_dir / "sim.log",
+                sim_log,
             )
         )  # fmt: skip
         for p in engines:
-            wait_http(f"http://127.0.0.1:{p}/health")
+            wait_http(f"http://127.0.0.1:{p}/health", proc=sim, log=sim_log)
         cmd = [py, "-m", "proxy.serving.cli", "serve", "--port", str(proxy_port), "--policy",
                "least_requests", "--log-level", "warning"]  # fmt: skip
         for p in engines:
             cmd += ["--backend", f"http://127.0.0.1:{p}"]
         # The receipts tell moved streams from the others.
         debug = {"FLEET_PROXY_DEBUG_RECEIPTS": "true"}
-        stack.enter_context(process(cmd, out_dir / "proxy.log", env=debug))
+        proxy = stack.enter_context(process(cmd, out_dir / "proxy.log", env=debug))
         url = f"http://127.0.0.1:{proxy_port}"
-        wait_http(url + "/ready")
+        wait_http(url + "/ready", proc=proxy, log=out_dir / "proxy.log")
         victim = f"http://127.0.0.1:{engines[1]}"
 
         async def kill_halfway() -> float:
@@ -215,7 +216,10 @@ def main() -> None:
     args = p.parse_args()
     out_dir = ROOT / "runs" / time.strftime("failover-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = asyncio.run(run(args, out_dir))
+    try:
+        report = asyncio.run(run(args, out_dir))
+    except ChildExited as e:  # its ports taken between free_ports and its start, say
+        raise SystemExit(f"bench_failover.py: {e}") from None
     (out_dir / "results.json").write_text(json.dumps(report, indent=2))
     keys = [
         "requests", "completed", "client_errors", "moved_streams", "downtime_p50_s",

@@ -3,7 +3,7 @@
 traffic replayed open loop against simulated H100 engines with a small KV cache.
 
     .venv/bin/python scripts/bench_planner.py [--quick] [--duration 150] [--seed 0]
-        [--out DIR] [--plot docs/img/planner_timeline.png]
+        [--out DIR] [--plot PNG]
 
 The trace (Mooncake JSONL, fixed seed): Poisson arrivals whose rate follows a day (night at
 `--low-rate`, a morning ramp, a plateau at `--peak-rate`, an evening fall, night again) over
@@ -23,7 +23,8 @@ length), and engine-seconds over the trace's span (static: engines x duration; p
 engines alive, the unmanaged one plus the planner's workers from its state file, sampled
 every 0.25 s and integrated). Writes `planner.md`, `planner.json`, every run's bench bundle
 and logs under `--out`, and a timeline plot (engines, requests in flight and arrival rate,
-rolling attainment) to `--plot`.
+rolling attainment) to `--plot` (default: `planner_timeline.png` under `--out`; the docs'
+plot is `--plot docs/img/planner_timeline.png`).
 """
 
 from __future__ import annotations
@@ -430,7 +431,8 @@ def plot(
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:
+def options(argv: list[str]) -> argparse.Namespace:
+    """The command line; it ends the script at once when the plot cannot be drawn."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="a 40 s day: a smoke run")
     p.add_argument("--duration", type=float, help="seconds of the day (default 150, quick 40)")
@@ -448,10 +450,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--settings", default=",".join(SETTINGS), help="which runs, in order")
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("planner-%H%M%S"))
-    p.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "planner_timeline.png")
+    p.add_argument("--plot", type=Path, help="the timeline plot (default OUT/planner_timeline.png)")
     args = p.parse_args(argv)
+    cp.require_module("matplotlib", "bench_planner.py", "the timeline plot", cp.MATPLOTLIB_INSTALL)
+    if args.plot is None:  # only under --out: the plot in docs/img is replaced when asked for
+        args.plot = args.out / "planner_timeline.png"
     if args.duration is None:
         args.duration = 40.0 if args.quick else 150.0
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = options(argv)
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     day = Day(args.duration, args.low_rate, args.peak_rate)

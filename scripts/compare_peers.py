@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import importlib
 import os
 import re
 import shlex
@@ -61,9 +62,19 @@ from bench.artifacts import comparison_table, read_records, settings_table, writ
 from bench.campaign import RunResult, pooled_summary  # noqa: E402
 from bench.cli import main as bench_main  # noqa: E402
 from bench.paired import compare_settings  # noqa: E402
-from bench.plots import Panel, cdf_figure  # noqa: E402
 from bench.summary import dig, parse_slo  # noqa: E402
 
+
+def require_module(module: str, script: str, why: str, install: str) -> None:
+    """Ends the script before it starts anything, with one line, when an optional module it
+    will need at the end (matplotlib for the plots) cannot be imported."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise SystemExit(f"{script}: {why} needs {module}, not installed here: {install}") from None
+
+
+MATPLOTLIB_INSTALL = "pip install -e '.[plots]'"
 PEER_POLICIES = ("round_robin", "cache_aware", "power_of_two")
 FLEET_PROXY_POLICIES = ("round_robin", "least_requests", "prefix_aware", "lmetric", "unified")
 DEFAULT_SETTINGS = (
@@ -608,6 +619,8 @@ def combine(
             comparisons[other] = compare_settings(
                 [r.summary for r, _ in runs[labels[0]][:n]], [r.summary for r, _ in runs[other][:n]]
             )
+    from bench.plots import Panel, cdf_figure  # matplotlib: checked in main, before the runs
+
     cdf_figure(
         [
             Panel(
@@ -682,6 +695,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("peers-%Y%m%d-%H%M%S"))
     args = p.parse_args(argv)
+    require_module("matplotlib", "compare_peers.py", "the CDF plots", MATPLOTLIB_INSTALL)
     settings = [RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)

@@ -70,11 +70,36 @@ def process(
                 proc.wait(5)
 
 
-def wait_http(url: str, limit: float = 60.0) -> None:
+class ChildExited(RuntimeError):
+    """The process that was to answer ended first; the message ends with its last log lines."""
+
+
+def last_lines(log: Path, n: int = 10) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def wait_http(
+    url: str,
+    limit: float = 60.0,
+    *,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Until `url` answers 200. With `proc` (and its `log`): ChildExited as soon as that
+    process has ended (a port taken from under it, a bad flag), not after `limit`."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=2).status_code == 200:
                 return
+        if proc is not None and (code := proc.poll()) is not None:
+            said = last_lines(log) if log is not None else ""
+            raise ChildExited(
+                f"{' '.join(map(str, proc.args))} exited with {code} before {url} answered; "
+                f"its last lines{f' ({log})' if log else ''}:\n{said}"
+            )
         time.sleep(0.2)
     raise RuntimeError(f"{url} never answered 200")

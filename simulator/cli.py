@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 import sys
 
@@ -153,18 +154,22 @@ def _profile(args: argparse.Namespace) -> Profile:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    fleet = await start_fleet(
-        args.engines,
-        base_port=args.base_port,
-        host=args.host,
-        profile=_profile(args),
-        role=_roles(args.role, args.engines),
-        speed=args.speed,
-        model=args.model,
-        api_key=args.api_key,
-        lora=parse_lora_modules(args.lora_modules, args.max_loras),
-        kv_events=args.kv_events_config,
-    )
+    try:
+        fleet = await start_fleet(
+            args.engines,
+            base_port=args.base_port,
+            host=args.host,
+            profile=_profile(args),
+            role=_roles(args.role, args.engines),
+            speed=args.speed,
+            model=args.model,
+            api_key=args.api_key,
+            lora=parse_lora_modules(args.lora_modules, args.max_loras),
+            kv_events=args.kv_events_config,
+        )
+    except OSError as e:  # a port taken, or an address this machine does not have
+        print(f"fleet-proxy sim: cannot listen: {cannot_listen(e)}", file=sys.stderr)
+        return 1
     update = _fault_update(args)
     targets = (
         {int(i) for i in args.fault_engines.split(",") if i.strip()}
@@ -194,6 +199,14 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         await fleet.close()
     return 0
+
+
+def cannot_listen(e: OSError) -> str:
+    """What a failed bind says, and what to do about it."""
+    said = e.strerror or str(e)
+    if e.errno == errno.EADDRINUSE:
+        return f"{said}; pick other ports with --base-port, or --base-port 0 for any free ones"
+    return f"{said}; check --host and --base-port"
 
 
 def main(argv: list[str]) -> int:

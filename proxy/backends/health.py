@@ -88,21 +88,22 @@ class BackendHealth:
     # --- what the health checks report (fleet.health.HealthReports)
 
     def check_passed(self, backend: Backend) -> None:
-        self._checked(backend, ok=True)
+        self._checked(backend, ok=True, detail="")
 
     def check_failed(self, backend: Backend, detail: str) -> None:
         backend.last_error = detail
-        self._checked(backend, ok=False)
+        self._checked(backend, ok=False, detail=detail)
 
-    def _checked(self, backend: Backend, ok: bool) -> None:
+    def _checked(self, backend: Backend, ok: bool, detail: str) -> None:
         counted = self._failed_checks.get(backend.id)
         failures = counted[1] if counted is not None and counted[0] is backend else 0
         verdict = judge_check(ok, backend.healthy, failures, self.unhealthy_after)
         self._failed_checks[backend.id] = (backend, verdict.failures)
-        if verdict.healthy != backend.healthy:
-            log.warning(
-                "backend %s is now %s", backend.id, "healthy" if verdict.healthy else "unhealthy"
-            )
+        if verdict.healthy:
+            if not backend.healthy:
+                log.warning("backend %s is now healthy", backend.id)
+        elif backend.healthy:  # the reason in the line: a dead backend's cause is in the log
+            log.warning("backend %s is now unhealthy: %s", backend.id, detail)
         backend.healthy = verdict.healthy
         if verdict.went_down:
             self._free(backend, "its backend was found down by a health check")

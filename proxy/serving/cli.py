@@ -273,6 +273,13 @@ class _VersionAction(argparse.Action):
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     """`fleet-proxy`'s parser with the flags of `command` (the subcommand on the line) only:
     the other subcommands are listed, their flags (and what those import) never built."""
+    return _parsers(command)[0]
+
+
+def _parsers(
+    command: str | None,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's, by name."""
     parser = argparse.ArgumentParser(
         prog="fleet-proxy", description="OpenAI-compatible router for vLLM fleets"
     )
@@ -284,7 +291,20 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
             add_parser(sub)
         else:
             sub.add_parser(name, help=help)
-    return parser
+    return parser, dict(sub.choices)
+
+
+def parse_line(argv: list[str]) -> argparse.Namespace:
+    """The command line parsed; an unknown flag is refused under its subcommand's usage (not
+    the top-level one argparse would show) with the closest flags that subcommand has."""
+    parser, subcommands = _parsers(argv[0] if argv else None)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        from proxy.serving.flag_suggestions import option_strings, unrecognized
+
+        chosen = subcommands[args.command]
+        chosen.error(unrecognized(extras, option_strings(chosen)))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(argv[1:])
 
-    parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
+    args = parse_line(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "reschedule":
@@ -317,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         from planner.standalone import main as plan_main
 
         return plan_main(args)
-    parser.print_help()
+    build_parser(None).print_help()
     return 2
 
 

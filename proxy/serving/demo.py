@@ -8,7 +8,6 @@ not stay behind on its ports.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import os
@@ -19,6 +18,7 @@ import sys
 import time
 import urllib.request
 
+from proxy.serving.flag_suggestions import SuggestingParser
 from proxy.serving.parent_death import die_with_parent
 from proxy.serving.serve import run_serve
 from proxy.settings import ConfigError, load_settings
@@ -60,7 +60,7 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = SuggestingParser(
         prog="fleet-proxy demo",
         description="Start a simulated vLLM fleet and fleet-proxy in front of it.",
     )

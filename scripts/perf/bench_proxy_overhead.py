@@ -212,6 +212,12 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
 
 
+def vllm_router_executable(python: str) -> str | None:
+    """PyPI vllm-router's executable: on PATH, else beside this Python (an unactivated venv)."""
+    beside = Path(python).parent / "vllm-router"
+    return shutil.which("vllm-router") or (str(beside) if beside.is_file() else None)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
@@ -276,6 +282,14 @@ def main() -> int:
     if args.cors_origin:
         os.environ["FLEET_PROXY_CORS_ALLOW_ORIGINS"] = args.cors_origin
         headers["Origin"] = args.cors_origin
+    router = vllm_router_executable(sys.executable) if args.vllm_router else None
+    if args.vllm_router and router is None:
+        print(
+            "bench_proxy_overhead.py: --vllm-router needs the vllm-router executable, not found "
+            "on PATH nor beside this Python: pip install vllm-router, or leave --vllm-router out",
+            file=sys.stderr,
+        )
+        return 2
     if shutil.which("wrk") is None:
         print("wrk not found: apt-get install wrk", file=sys.stderr)
         return 2
@@ -348,7 +362,8 @@ def main() -> int:
             ("fleet-proxy", f"http://127.0.0.1:{proxy_port}", proxy.pid),
         ]
         if args.vllm_router:
-            exe = shutil.which("vllm-router") or str(Path(py).parent / "vllm-router")
+            assert router is not None  # checked before anything started
+            exe = router
             vr_port = free_port()
             vr = stack.enter_context(
                 process(

@@ -9,6 +9,7 @@ import contextlib
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -158,3 +159,106 @@ def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
                 if alive(pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs a script as its own process would, with the named modules unimportable (as when the
+# optional dependency that provides them is not installed).
+WITHOUT_MODULES = """
+import runpy, sys
+missing, script, *args = sys.argv[1:]
+for name in missing.split(","):
+    sys.modules[name] = None  # import raises ImportError
+sys.argv = [script, *args]
+sys.path.insert(0, str(__import__("pathlib").Path(script).parent))
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def one_line_failure(args: list[str], timeout: float = 60) -> str:
+    """Runs a command that must fail at once: non-zero, no traceback, one line on stderr."""
+    done = subprocess.run(
+        args, capture_output=True, text=True, env=clean_env(), timeout=timeout, check=False
+    )
+    assert done.returncode != 0, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "proxy.serving.cli", *args]
+
+
+def test_sim_on_a_taken_port_says_so_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line_failure(cli("sim", "--engines", "1", "--base-port", str(port)))
+    assert line.startswith("fleet-proxy sim: cannot listen: ")
+    assert f"('127.0.0.1', {port})" in line and "address already in use" in line
+    assert line.endswith("pick other ports with --base-port, or --base-port 0 for any free ones")
+
+
+def test_plan_without_a_proxy_says_so_in_one_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    line = one_line_failure(
+        cli("plan", "--proxy", url, "--state-file", str(tmp_path / "state.json"))
+    )
+    assert line == (
+        f"fleet-proxy: cannot reach the proxy at {url} (ConnectError: All connection attempts "
+        "failed): start it first (`fleet-proxy serve`) or point --proxy at it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        ("bench_planner.py", "bench_planner.py: the timeline plot needs matplotlib"),
+        ("compare_peers.py", "compare_peers.py: the CDF plots needs matplotlib"),
+    ],
+)
+def test_a_plotting_benchmark_without_matplotlib_says_so_before_it_starts(
+    script: str, says: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    script_path = str(REPO / "scripts" / script)
+    command = [sys.executable, "-c", WITHOUT_MODULES, "matplotlib", script_path]
+    line = one_line_failure([*command, "--out", str(out)])
+    assert line == f"{says}, not installed here: pip install -e '.[plots]'"
+    assert not (out / "logs").exists()  # refused before any run started
+
+
+def test_proxy_overhead_with_vllm_router_missing_says_so_in_one_line(tmp_path: Path) -> None:
+    script = REPO / "scripts" / "perf" / "bench_proxy_overhead.py"
+    beside = Path(sys.executable).parent / "vllm-router"
+    if shutil.which("vllm-router") or beside.is_file():
+        pytest.skip("vllm-router is installed here")
+    line = one_line_failure(
+        [sys.executable, str(script), "--vllm-router", "--out", str(tmp_path / "out")]
+    )
+    assert line.startswith("bench_proxy_overhead.py: --vllm-router needs the vllm-router ")
+    assert line.endswith("pip install vllm-router, or leave --vllm-router out")
+
+
+@pytest.mark.slow
+def test_a_dead_backend_is_logged_unhealthy_with_its_reason(tmp_path: Path) -> None:
+    dead = free_port()
+    log = tmp_path / "serve.log"
+    with started(["serve", "--port", "0", "--backend", f"http://127.0.0.1:{dead}"], log) as (
+        proc,
+        out,
+    ):
+        out.wait_for(LISTENING, timeout=60)
+        said = re.compile(rf"backend 127\.0\.0\.1:{dead} is now unhealthy: (.*)")
+        found = eventually_blocking(
+            lambda: said.search(log.read_text()), 30, "the unhealthy line in the log", 0.1
+        )
+        assert found is not None
+        assert found.group(1) == (
+            "/health failed: ConnectError: All connection attempts failed (connection refused)"
+        )
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

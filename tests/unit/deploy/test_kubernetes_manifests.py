@@ -1,9 +1,13 @@
 """The Kubernetes manifests under deploy/kubernetes, checked without an API server: every document
 parses, selectors match the labels they select, probes and RBAC are what the docs say, the
-proxy's environment is valid settings, and the example engine pods are what discovery picks."""
+proxy's environment is valid settings, the example engine pods are what discovery picks, the
+images are pinned and not pulled when present, the proxy runs unprivileged, and the pods'
+metrics are annotated for Prometheus."""
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,8 @@ from fleet.pod_backends import backend_from_pod
 from fleet.types import Role
 from proxy.settings import Settings, load_settings
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
+REPO = Path(__file__).resolve().parents[3]
+DEPLOY = REPO / "deploy" / "kubernetes"
 
 
 def documents(name: str) -> list[dict[str, Any]]:
@@ -137,3 +142,43 @@ def test_the_example_engine_pods_are_discovered_as_backends() -> None:
     spec = backend_from_pod(pod, 8000)
     assert (spec.url, spec.role) == ("http://10.0.0.7:8000", Role.BOTH)
     assert f"--port={c['ports'][0]['containerPort']}" in c["args"]
+
+
+def pod_template(name: str) -> dict[str, Any]:
+    template: dict[str, Any] = one(documents(name), "Deployment")["spec"]["template"]
+    return template
+
+
+def test_the_proxy_image_is_the_package_version_and_not_pulled_when_present() -> None:
+    # `:latest` means pull policy Always: an image loaded into the nodes would never start.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    c = container(one(documents("proxy.yaml"), "Deployment"))
+    assert c["image"] == f"fleet-proxy:{pyproject['project']['version']}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_the_engine_image_is_the_vllm_release_compose_pins() -> None:
+    compose = (REPO / "docker-compose.yml").read_text()
+    (pinned,) = re.findall(r"vllm/vllm-openai:\$\{VLLM_IMAGE_TAG:-([^}]+)\}", compose)
+    c = container(one(documents("vllm.yaml"), "Deployment"))
+    assert c["image"] == f"vllm/vllm-openai:{pinned}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_the_proxy_runs_as_the_images_unprivileged_user() -> None:
+    (user,) = re.findall(r"^USER (\d+):\d+$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    pod = pod_template("proxy.yaml")["spec"]["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert pod["runAsUser"] == int(user)
+    c = container(one(documents("proxy.yaml"), "Deployment"))["securityContext"]
+    assert c["allowPrivilegeEscalation"] is False
+    assert c["capabilities"]["drop"] == ["ALL"]
+
+
+@pytest.mark.parametrize("name", ["proxy.yaml", "vllm.yaml"])
+def test_the_pods_metrics_are_annotated_for_prometheus(name: str) -> None:
+    annotations = pod_template(name)["metadata"]["annotations"]
+    c = container(one(documents(name), "Deployment"))
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) in {p["containerPort"] for p in c["ports"]}

@@ -140,3 +140,56 @@ def test_serve_help_imports_the_settings_and_nothing_that_serves() -> None:
     imported = imported_by("serve", "--help")
     assert {"proxy.settings", "policies.names"} <= imported
     assert imported.isdisjoint(SERVING_MODULES)
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "says"),
+    [
+        (
+            ["serve", "--prot", "8000"],
+            "usage: fleet-proxy serve ",
+            "fleet-proxy serve: error: unrecognized arguments: --prot 8000 "
+            "(--prot: did you mean --port?)",
+        ),
+        (
+            ["plan", "--proxy", "http://p:1", "--adjustment-intervall=3"],
+            "usage: fleet-proxy plan ",
+            "fleet-proxy plan: error: unrecognized arguments: --adjustment-intervall=3 "
+            "(--adjustment-intervall: did you mean --adjustment-interval?)",
+        ),
+        (
+            ["demo", "--engins", "2"],
+            "usage: fleet-proxy demo ",
+            "fleet-proxy demo: error: unrecognized arguments: --engins 2 "
+            "(--engins: did you mean --engines?)",
+        ),
+        (
+            ["serve", "--zzzz"],
+            "usage: fleet-proxy serve ",
+            "fleet-proxy serve: error: unrecognized arguments: --zzzz",
+        ),
+    ],
+    ids=["serve", "plan", "demo", "nothing-close"],
+)
+def test_a_mistyped_flag_shows_its_subcommands_usage_and_the_closest_flag(
+    argv: list[str], usage: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    assert err.strip().splitlines()[-1] == says
+
+
+def test_a_backend_url_without_a_scheme_names_the_value_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--backend", "127.0.0.1:8001"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("'127.0.0.1:8001'") == 1, err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith("backend url must start with http:// or https://, got '127.0.0.1:8001'")
+    )
