@@ -16,11 +16,13 @@ import orjson
 import pytest
 from aiohttp import web
 
+from simulator.fleet import start_fleet
 from tests.support.fake_backend import FakeBackend, Seen
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "fake-model"
+SIM_MODEL = "sim-llama-8b"
 PROMPT_IDS = [11, 12, 13]
 TOKENS = 5
 COMPLETIONS = "/v1/completions"
@@ -302,3 +304,34 @@ async def test_a_backend_that_ends_its_streams_right_is_relayed_unchanged(
     assert finishes(answer.events) == ["length"]
     assert texts(answer.events)[-1] == text_of(TOKENS - 1)  # no event added after the last
     assert answer.events[-1]["usage"]["completion_tokens"] == TOKENS
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT], ids=["completions", "chat"])
+async def test_a_simulated_engine_cut_at_max_tokens_ends_as_an_uncut_one(path: str) -> None:
+    """On the simulator's vLLM-shaped streams: a stream cut right at max_tokens reaches the
+    client as the uncut stream does (its text, finish_reason and usage), on the same engine."""
+    limit = 12
+    body: dict[str, Any] = {
+        "model": SIM_MODEL, "max_tokens": limit, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    if path == COMPLETIONS:
+        body["prompt"] = "The quick brown fox"
+    else:
+        body["messages"] = [{"role": "user", "content": "Tell me about the morning light."}]
+    async with await start_fleet(1) as fleet, httpx.AsyncClient(timeout=30) as client:
+        engine_url = fleet.urls[0]
+        async with running_proxy(fast_settings([engine_url])) as (url, _):
+            uncut = parse_stream((await client.post(url + path, json=body)).content)
+            faults = {"cut_stream_after_tokens": limit}
+            assert (await client.post(engine_url + "/_sim/faults", json=faults)).status_code == 200
+            r = await client.post(url + path, json=body)
+    cut = parse_stream(r.content)
+    assert r.status_code == 200
+    assert cut[1] == uncut[1] == 1  # one [DONE]
+    assert not [e for e in cut[0] if "error" in e]
+    assert "".join(texts(cut[0])) == "".join(texts(uncut[0]))
+    assert finishes(cut[0]) == finishes(uncut[0]) == ["length"]
+    usage = [e["usage"] for e in cut[0] if e.get("usage")]
+    assert usage == [e["usage"] for e in uncut[0] if e.get("usage")]
+    assert usage[0]["completion_tokens"] == limit
