@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol, cast
+from typing import Literal, Protocol, cast
 
 import orjson
 
@@ -29,13 +29,18 @@ from proxy.request.kv_moves import CONTINUE_PATH, moves_kv, planned_kind, precop
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg
 from proxy.request.upstream_failures import RetryableUpstream
-from proxy.stream.continuation import Movability, continuation_body
+from proxy.stream.continuation import Movability, continuation_body, tokens_left
 from proxy.stream.move_kinds import MoveKind, RequestedKind
 from proxy.stream.token_ledger import TokenLedger
 
 log = logging.getLogger("fleet_proxy.moves")
 
 _REQUESTED = frozenset(("auto", "recompute", "handover", "precopy"))
+
+# What became of a request whose leg stopped: it goes on on a new leg, it ended complete (every
+# token had reached the client; the ending it lost was sent), or it failed (the client got an
+# error event, or an assembled answer fails).
+After = Literal["continued", "ended", "failed"]
 
 
 class Break:
@@ -110,8 +115,9 @@ class MovingSession(Protocol):
 
     def note_failure(self, e: RetryableUpstream) -> None: ...
 
-    async def end_stream(self) -> None:
-        """Send the ending (usage, [DONE]) of a stream whose every token was relayed."""
+    async def end_stream(self, at_limit: bool) -> None:
+        """Send the ending (usage, [DONE]) of a stream whose every token was relayed;
+        `at_limit`: it stopped at its limit without a finish_reason, which the ending gives."""
 
     async def end_with_error(self, message: str) -> None:
         """End a stream that cannot go on with an error event."""
@@ -259,9 +265,8 @@ class Mover:
 
     # --- after a leg stopped
 
-    async def next_leg(self, session: MovingSession, brk: Break) -> bool:
-        """Continue the request after its leg stopped; False when it cannot (the client then
-        got an error, or an assembled answer fails)."""
+    async def next_leg(self, session: MovingSession, brk: Break) -> After:
+        """Continue the request after its leg stopped, or end it (see `After`)."""
         source = session.leg
         assert source is not None
         metrics = self._core.metrics
@@ -279,11 +284,13 @@ class Mover:
         else:
             reason = order.reason
         ledger = self._ledger
-        if ledger is not None and ledger.finished:
-            # Every token reached the client; only the stream's ending was lost.
-            await session.end_stream()
-            self._resolve(MoveResult("finished", source.backend.id))
-            return True
+        if ledger is not None:
+            finished = ledger.finished
+            if finished or self._at_limit(ledger, source.backend):
+                # Every token reached the client; only the stream's ending was lost.
+                await session.end_stream(at_limit=not finished)
+                self._resolve(MoveResult("finished", source.backend.id))
+                return "ended"
         # Nothing reached the client yet: any request can simply be sent again elsewhere.
         restart = not ledger.sent if ledger is not None else session.first_token_at is None
         restart = restart and self.moves < max(1, self._core.settings.max_moves)
@@ -303,7 +310,7 @@ class Mover:
         reason: str,
         order: MoveOrder | None,
         restart: bool,
-    ) -> bool:
+    ) -> After:
         metrics = self._core.metrics
         cut_at = session.last_sent or time.perf_counter()
         if restart or ledger is None:
@@ -346,7 +353,24 @@ class Mover:
             "request %s: moved %s -> %s after %d tokens (%s, %s)",
             self._ctx.request_id, source.backend.id, leg.backend.id, tokens, reason, leg.kind,
         )  # fmt: skip
-        return True
+        return "continued"
+
+    def _at_limit(self, ledger: TokenLedger, backend: Backend) -> bool:
+        """The stream holds every token its request allowed (a backend that stopped there
+        without its finish_reason): it is complete, nothing is left to continue."""
+        ctx = self._ctx
+        generated = len(ledger.generated)
+        if not generated:
+            return False
+        prompt = ledger.prompt_ids()
+        try:
+            left = tokens_left(
+                ctx.endpoint, ctx.body, len(prompt) if prompt is not None else 0, generated,
+                max_model_len=backend.max_model_len if prompt is not None else None,
+            )  # fmt: skip
+        except ValueError:
+            return False
+        return left is not None and left <= 0
 
     async def _resumption(
         self, session: MovingSession, source: Leg, ledger: TokenLedger, order: MoveOrder | None
@@ -468,7 +492,7 @@ class Mover:
             )
         )
 
-    async def _give_up(self, session: MovingSession, source: Leg, detail: str) -> bool:
+    async def _give_up(self, session: MovingSession, source: Leg, detail: str) -> After:
         self._resolve(MoveResult("failed", source.backend.id, detail=detail))
         log.warning("request %s: %s", self._ctx.request_id, detail)
         message = "the backend failed mid-stream; the response is incomplete"
@@ -476,7 +500,7 @@ class Mover:
             message = f"backend {source.backend.id}: {detail}; the response is incomplete"
         await session.end_with_error(message)
         source.backend.last_error = detail
-        return False
+        return "failed"
 
     def _resolve(self, result: MoveResult) -> None:
         order = self._order

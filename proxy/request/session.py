@@ -42,7 +42,7 @@ from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
 from proxy.request.mover import Break, Mover, Splice
 from proxy.request.retries import tried_again
-from proxy.request.tracking import lost_usage, spliced_stream, tracked_request
+from proxy.request.tracking import lost_ending, spliced_stream, tracked_request
 from proxy.request.upstream_failures import (
     RETRYABLE_STATUS,
     RetryableUpstream,
@@ -361,7 +361,9 @@ class RequestSession:
         resp = await self.open_leg(backend, self.path, headers, body, charge)
         leg = Leg(decision, prefill, resp, "first", 0)
         self._begin_leg(leg)
-        if resp.status == 200 and (ctx.stream or self._assembler is not None):
+        streams = resp.status == 200 and (ctx.stream or self._assembler is not None)
+        # A backend may ignore "stream": a JSON answer is whole, and relayed as it is.
+        if streams and not _json_answer(resp.raw_headers):
             return leg, None
         try:
             whole = await resp.read()
@@ -422,8 +424,10 @@ class RequestSession:
             brk = await self._relay(leg)
             if brk is None:
                 return True
-            if not await self._mover.next_leg(self, brk):
-                return False
+            after = await self._mover.next_leg(self, brk)
+            if after != "continued":
+                # Ended: its lost ending was sent, or an error was.
+                return after == "ended"
 
     async def _relay(self, leg: Leg) -> Break | None:
         """This leg's events to the client; None once the response is complete."""
@@ -556,12 +560,16 @@ class RequestSession:
                 self.ctx, ledger, *splice, assembled=self._assembler is not None, strip=self._strip
             )
 
-    async def end_stream(self) -> None:
-        """The usage event (when the client asked for it) and [DONE] that a stream broken
-        after its last token never sent."""
+    async def end_stream(self, at_limit: bool) -> None:
+        """The ending a stream broken after its last token never sent: a last event finishing
+        it for "length" when it stopped at its limit without one (`at_limit`), the usage event
+        when the client asked for it, and [DONE]."""
         ledger = self.ledger
         assert ledger is not None
-        lost = lost_usage(self.ctx, ledger, assembled=self._assembler is not None)
+        lost = lost_ending(
+            self.ctx, ledger, assembled=self._assembler is not None, strip=self._strip,
+            at_limit=at_limit,
+        )  # fmt: skip
         await self._emit(self._closing(lost + DONE_EVENT), True)
 
     async def end_with_error(self, message: str) -> None:
@@ -588,3 +596,11 @@ class RequestSession:
         leg.closed = True
         leg.resp.release()  # closes an unfinished response: the backend aborts it
         self._leg_live = False
+
+
+def _json_answer(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The answer's head says JSON: a whole answer, not an event stream."""
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value[:16].lower() == b"application/json"
+    return False

@@ -1,7 +1,7 @@
 """What the proxy adds to a movable request so that its stream can continue elsewhere: the
 token ids it asks the backend for, the ledger and assembler that track the answer, the splicer
-that joins a continuation to the client's stream, and the usage a stream that lost its ending
-still owes its client. Pure: no I/O, nothing kept between requests."""
+that joins a continuation to the client's stream, and the ending a stream that lost it still
+owes its client. Pure: no I/O, nothing kept between requests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 from policies.policy import RequestContext
 from proxy.stream.assembled_answer import Assembler
 from proxy.stream.continuation import Movability
-from proxy.stream.splice import Splicer, StreamIdentity
+from proxy.stream.splice import Splicer, StreamIdentity, finish_event, usage_event
 from proxy.stream.token_ledger import TokenLedger
 
 _CHAT = "chat/completions"
@@ -68,29 +68,27 @@ def spliced_stream(
     )
 
 
-def lost_usage(ctx: RequestContext, ledger: TokenLedger, *, assembled: bool) -> bytes:
-    """The usage event a stream broken after its last token still owes its client (when the
-    client asked for one and it never came), counted from the ledger; else nothing."""
+def lost_ending(
+    ctx: RequestContext, ledger: TokenLedger, *, assembled: bool, strip: bool, at_limit: bool
+) -> bytes:
+    """The events a stream broken after its last token still owes its client before its
+    [DONE]: a last event finishing it for "length" when it stopped at its limit without one
+    (`at_limit`), then the usage event when the client asked for one and it never came, counted
+    from the ledger. `strip`: the client did not ask for token ids."""
+    if not ledger.first_event:
+        return b""
+    try:
+        ident = StreamIdentity.from_event(ledger.first_event)
+    except ValueError:
+        return b""  # not a stream the proxy can speak for
+    endpoint = ctx.endpoint
+    out = finish_event(endpoint, ident, "length", token_ids=not strip) if at_limit else b""
     options = ctx.body.get("stream_options")
     wants_usage = assembled or (isinstance(options, dict) and options.get("include_usage") is True)
-    if not wants_usage or ledger.usage_seen or not ledger.first_event:
-        return b""
-    ident = StreamIdentity.from_event(ledger.first_event)
-    prompt = ledger.prompt_ids() or []
-    completion = len(ledger.generated)
-    event: dict[str, Any] = {
-        "id": ident.id,
-        "object": "chat.completion.chunk" if ctx.endpoint == _CHAT else "text_completion",
-        "created": ident.created,
-        "model": ident.model,
-        "choices": [],
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "total_tokens": len(prompt) + completion,
-            "completion_tokens": completion,
-        },
-    }
-    return b"data: " + orjson.dumps(event) + b"\n\n"
+    if wants_usage and not ledger.usage_seen:
+        prompt = ledger.prompt_ids() or []
+        out += usage_event(endpoint, ident, len(prompt), len(ledger.generated))
+    return out
 
 
 def _with_token_ids(raw: bytes, parsed: dict[str, Any]) -> bytes:

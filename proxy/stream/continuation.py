@@ -359,6 +359,27 @@ def _client_limit(endpoint: str, body: Mapping[str, Any]) -> int | None:
     return _int_field(body, "max_tokens")
 
 
+def tokens_left(
+    endpoint: str,
+    body: Mapping[str, Any],
+    prompt_len: int,
+    generated: int,
+    *,
+    max_model_len: int | None,
+) -> int | None:
+    """The tokens the source server would still generate after `generated` of them: the
+    client's limit less those, or without a limit the room left in `max_model_len` (None when
+    that is unknown). 0 or less: the request reached its limit. ValueError when a limit is not
+    an integer."""
+    limit = _client_limit(endpoint, body)
+    if limit is not None:
+        return limit - generated
+    if max_model_len is None:
+        return None
+    # What vLLM does without a limit: whatever room the context has left.
+    return max_model_len - prompt_len - generated
+
+
 def continuation_body(
     endpoint: str,
     body: Mapping[str, Any],
@@ -387,14 +408,9 @@ def continuation_body(
     prompt = [*prompt_ids, *generated]
     k = len(generated)
 
-    limit = _client_limit(endpoint, body)
-    if limit is not None:
-        remaining = limit - k
-    elif max_model_len is None:
+    remaining = tokens_left(endpoint, body, len(prompt_ids), k, max_model_len=max_model_len)
+    if remaining is None:
         raise ValueError("no output limit and max_model_len unknown")
-    else:
-        # What vLLM does without a limit: whatever room the context has left.
-        remaining = max_model_len - len(prompt)
     if remaining < 1:
         raise ValueError(f"no tokens left to generate ({remaining})")
 

@@ -105,6 +105,44 @@ def stream_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _object(endpoint: str) -> str:
+    return "chat.completion.chunk" if endpoint == CHAT else "text_completion"
+
+
+def _chunk(obj: str, identity: StreamIdentity, choices: list[Any]) -> dict[str, Any]:
+    return {
+        "id": identity.id,
+        "object": obj,
+        "created": identity.created,
+        "model": identity.model,
+        "choices": choices,
+    }
+
+
+def usage_event(
+    endpoint: str, identity: StreamIdentity, prompt_tokens: int, completion_tokens: int
+) -> bytes:
+    """The final usage event of the client's stream, as vLLM writes it."""
+    chunk = _chunk(_object(endpoint), identity, [])
+    chunk["usage"] = stream_usage(prompt_tokens, completion_tokens)
+    return sse(chunk)
+
+
+def finish_event(
+    endpoint: str, identity: StreamIdentity, finish_reason: str, *, token_ids: bool
+) -> bytes:
+    """The last token event of a choice that finished without new text, as vLLM writes it
+    (chat: an empty delta; `token_ids` only when the client asked for token ids)."""
+    chat = endpoint == CHAT
+    choice: dict[str, Any] = {"index": 0, "delta": {}} if chat else {"index": 0, "text": ""}
+    choice.update(logprobs=None, finish_reason=finish_reason, stop_reason=None)
+    if token_ids:
+        if not chat:
+            choice["prompt_token_ids"] = None
+        choice["token_ids"] = []
+    return sse(_chunk(_object(endpoint), identity, [choice]))
+
+
 @dataclass(frozen=True, slots=True)
 class StreamIdentity:
     """What every event of the client's stream carries: the stream's id, created and model."""
@@ -173,7 +211,7 @@ class Splicer:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {ENDPOINTS}, not {endpoint!r}")
         self._chat = endpoint == CHAT
-        self._object = "chat.completion.chunk" if self._chat else "text_completion"
+        self._object = _object(endpoint)
         self._identity = identity
         self._prompt_tokens = prompt_tokens
         self._tokens_before = tokens_before
@@ -223,14 +261,7 @@ class Splicer:
         return sse(chunk)
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        ident = self._identity
-        return {
-            "id": ident.id,
-            "object": self._object,
-            "created": ident.created,
-            "model": ident.model,
-            "choices": choices,
-        }
+        return _chunk(self._object, self._identity, choices)
 
     def _choice(self, choice: dict[str, Any]) -> dict[str, Any]:
         ids = choice.get("token_ids")

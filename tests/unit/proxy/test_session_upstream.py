@@ -6,6 +6,7 @@ backend after its first one broke, and the accounting and live table left clean.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections import deque
@@ -165,13 +166,17 @@ def session(
     movability: Movability | None = None,
     *,
     stream: bool = False,
+    **extra: Any,
 ) -> RequestSession:
-    body: dict[str, Any] = {"model": MODEL, "prompt": "hello", "max_tokens": 6}
+    body: dict[str, Any] = {"model": MODEL, "prompt": "hello", "max_tokens": 6, **extra}
     if stream:
         body["stream"] = True
     ctx = RequestContext("r1", "completions", MODEL, body, {}, stream, "hello", 5)
 
     async def send(message: MutableMapping[str, Any]) -> None:
+        if sent and sent[-1]["type"] == "http.response.body" and not sent[-1].get("more_body"):
+            # What uvicorn says; the proxy must end a response once.
+            raise RuntimeError("Unexpected ASGI message sent, after response already completed")
         sent.append(message)
 
     return RequestSession(
@@ -194,9 +199,10 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def completion_stream(body: dict[str, Any], stream_id: str) -> list[bytes]:
+def completion_stream(body: dict[str, Any], stream_id: str, *, finish: bool = True) -> list[bytes]:
     """The events the stand-in engine streams for `body`: a first request (the prompt "hello")
-    starts at token 0, a continuation (prompt ids) after the tokens it carries."""
+    starts at token 0, a continuation (prompt ids) after the tokens it carries. Without
+    `finish` the last token carries no finish_reason (a stream cut at its limit)."""
     prompt = body["prompt"]
     prompt_ids = PROMPT_IDS if prompt == "hello" else prompt
     start = len(prompt_ids) - len(PROMPT_IDS)
@@ -209,7 +215,7 @@ def completion_stream(body: dict[str, Any], stream_id: str) -> list[bytes]:
             "index": 0,
             "text": text,
             "logprobs": None,
-            "finish_reason": "length" if i == end - 1 else None,
+            "finish_reason": "length" if finish and i == end - 1 else None,
             "stop_reason": None,
             "prompt_token_ids": prompt_ids if i == start else None,
             "token_ids": [tid],
@@ -235,17 +241,21 @@ def completion_stream(body: dict[str, Any], stream_id: str) -> list[bytes]:
 class BrokenStream(UpstreamResponse):
     """A streamed answer whose connection drops after its first `events`."""
 
-    __slots__ = ("_script",)
+    __slots__ = ("_broke", "_script")
 
     def __init__(self, events: list[bytes]) -> None:
         super().__init__(None)
         self.status = 200
         self.raw_headers = [(b"content-type", b"text/event-stream")]
         self._script = deque(events)
+        self._broke = False
 
     async def __anext__(self) -> bytes:
         if self._script:
             return self._script.popleft()
+        # A session that read a broken leg again would loop on its break for ever.
+        assert not self._broke, "a broken leg was read again"
+        self._broke = True
         raise UpstreamError("disconnect", "connection reset mid-stream")
 
 
@@ -451,3 +461,137 @@ async def test_a_finished_request_leaves_nothing_for_the_cyclic_garbage_collecto
         gc.enable()
     assert sent  # the request was served
     assert not cyclic & {"RequestSession", "Mover", "Leg", "TokenLedger", "Dispatch"}
+
+
+# --- streams whose backend stopped without their ending
+
+
+def body_ends(sent: list[MutableMapping[str, Any]]) -> int:
+    """How many times the client's response body was ended: once, or the ASGI server fails."""
+    return sum(1 for m in sent[1:] if not m.get("more_body", False))
+
+
+def stream_data(sent: list[MutableMapping[str, Any]]) -> list[dict[str, Any]]:
+    events = client_events(sent)
+    assert events[-1] == b"data: [DONE]\n\n"
+    assert b"error" not in b"".join(events)
+    return [orjson.loads(e[6:]) for e in events[:-1]]
+
+
+@pytest.mark.parametrize("usage", [False, True], ids=["plain", "include_usage"])
+async def test_a_stream_broken_after_its_last_token_ends_once_with_its_usage(
+    usage: bool,
+) -> None:
+    """Every token and the finish_reason arrived, then the connection broke: the client gets
+    the usage it asked for and [DONE], and its response ends exactly once."""
+    services = make(breaks_after(6))
+    fake = services.upstream_pool()
+    sent: list[MutableMapping[str, Any]] = []
+    extra = {"stream_options": {"include_usage": True}} if usage else {}
+    s = session(services, sent, Movability(True, True, ""), stream=True, **extra)
+    status = await asyncio.wait_for(s.run(), 10)
+
+    assert status == 200
+    assert body_ends(sent) == 1
+    assert len(fake.asked) == 1  # nothing was left to continue
+    data = stream_data(sent)
+    texts = [c["text"] for d in data for c in d["choices"]]
+    assert texts == [token(i)[1] for i in range(6)]
+    assert data[5]["choices"][0]["finish_reason"] == "length"
+    if usage:
+        assert data[-1]["choices"] == []
+        assert data[-1]["usage"] == {
+            "prompt_tokens": 3, "total_tokens": 9, "completion_tokens": 6,
+        }  # fmt: skip
+    else:
+        assert len(data) == 6
+    assert_clean(services)
+
+
+async def test_an_answer_assembled_from_a_stream_broken_after_its_last_token_is_whole() -> None:
+    """A client that wants the answer whole gets it, once, when the stream the proxy read for it
+    broke after its last token."""
+    services = make(breaks_after(6))
+    sent: list[MutableMapping[str, Any]] = []
+    s = session(services, sent, Movability(True, True, ""))
+    status = await asyncio.wait_for(s.run(), 10)
+
+    assert status == 200
+    assert body_ends(sent) == 1
+    answer = orjson.loads(sent[1]["body"])
+    assert answer["choices"][0]["text"] == "".join(token(i)[1] for i in range(6))
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 6
+    assert_clean(services)
+
+
+def cut_at_limit(body: dict[str, Any]) -> UpstreamResponse:
+    """Every token up to max_tokens, with no finish_reason, usage or [DONE]: then a break."""
+    events = completion_stream(body, "cmpl-first", finish=False)
+    return BrokenStream([e for e in events if b"[DONE]" not in e and b'"choices":[]' not in e])
+
+
+@pytest.mark.parametrize("usage", [False, True], ids=["plain", "include_usage"])
+async def test_a_stream_cut_at_its_max_tokens_finishes_for_length(usage: bool) -> None:
+    services = make(cut_at_limit)
+    fake = services.upstream_pool()
+    sent: list[MutableMapping[str, Any]] = []
+    extra = {"stream_options": {"include_usage": True}} if usage else {}
+    s = session(services, sent, Movability(True, True, ""), stream=True, **extra)
+    status = await asyncio.wait_for(s.run(), 10)
+
+    assert status == 200
+    assert body_ends(sent) == 1
+    assert len(fake.asked) == 1  # the limit was reached: nothing to continue
+    data = stream_data(sent)
+    texts = [c["text"] for d in data for c in d["choices"]]
+    assert texts == [token(i)[1] for i in range(6)] + [""]
+    final = data[6]
+    assert final["id"] == "cmpl-first" and final["object"] == "text_completion"
+    assert final["choices"] == [
+        {"index": 0, "text": "", "logprobs": None, "finish_reason": "length", "stop_reason": None}
+    ]
+    if usage:
+        assert data[-1]["usage"] == {
+            "prompt_tokens": 3, "total_tokens": 9, "completion_tokens": 6,
+        }  # fmt: skip
+    else:
+        assert len(data) == 7
+    assert_clean(services)
+
+
+async def test_an_answer_assembled_from_a_stream_cut_at_its_max_tokens_is_whole() -> None:
+    services = make(cut_at_limit)
+    sent: list[MutableMapping[str, Any]] = []
+    status = await asyncio.wait_for(session(services, sent, Movability(True, True, "")).run(), 10)
+    assert status == 200
+    answer = orjson.loads(sent[1]["body"])
+    assert answer["choices"][0]["text"] == "".join(token(i)[1] for i in range(6))
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 6
+    assert_clean(services)
+
+
+@pytest.mark.parametrize(
+    ("stream", "movability"),
+    [(True, Movability(True, True, "")), (True, None), (False, Movability(True, True, ""))],
+    ids=["streamed_movable", "streamed_not_tracked", "assembled"],
+)
+async def test_a_json_answer_to_a_streamed_request_is_relayed_as_it_is(
+    stream: bool, movability: Movability | None
+) -> None:
+    """A backend that ignores "stream": true answers JSON: that is the answer, whole."""
+    answer = b'{"id":"cmpl-json","object":"text_completion","choices":[{"text":" t0"}]}'
+    services = make((200, answer))
+    fake = services.upstream_pool()
+    sent: list[MutableMapping[str, Any]] = []
+    s = session(services, sent, movability, stream=stream)
+    assert await asyncio.wait_for(s.run(), 10) == 200
+    assert len(fake.asked) == 1
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"content-length"] == b"%d" % len(answer)
+    assert sent[1]["body"] == answer
+    assert s.finished().answer == answer  # the request log reads its usage
+    assert_clean(services)
