@@ -51,7 +51,7 @@ def test_ids_are_recorded_and_stripped_however_the_stream_is_cut(endpoint: str, 
     ledger = TokenLedger()
     ledger.start_leg(strip=True, chat=endpoint == "chat/completions")
     passed = b"".join(ledger.feed(c) for c in chunked(raw, random.Random(seed)))
-    assert ledger.tail == b""
+    assert ledger.events.tail == b""
     expected_ids = [
         t
         for e in events_of(raw)
