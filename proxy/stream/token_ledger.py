@@ -104,6 +104,8 @@ class EventAligner:
         return chunk[:end]
 
     def _slow_feed(self, chunk: bytes) -> bytes:
+        if not chunk:
+            return b""
         if self._skip_lf and chunk.startswith(b"\n"):
             chunk = chunk[1:]
         if b"\r" in chunk:
