@@ -34,6 +34,7 @@ import orjson
 from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
 
 _EVENT_END = b"\n\n"
+_CR = ord("\r")  # `int in bytes` is one memchr; `b"\r" in bytes` costs ten times more
 _NO_CHOICES = b'"choices":[]'
 _FINISHED = b'"finish_reason":"'  # a finish_reason that is a string, not null
 _TOKEN_IDS_KEY = b'"token_ids":'
@@ -91,7 +92,7 @@ class EventAligner:
         self._skip_lf = self.pending = False
 
     def feed(self, chunk: bytes) -> bytes:
-        if self.pending or b"\r" in chunk:
+        if self.pending or _CR in chunk:
             return self._slow_feed(chunk)
         end = chunk.rfind(_EVENT_END)
         if end < 0:
@@ -108,7 +109,7 @@ class EventAligner:
             return b""
         if self._skip_lf and chunk.startswith(b"\n"):
             chunk = chunk[1:]
-        if b"\r" in chunk:
+        if _CR in chunk:
             self._skip_lf = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         else:
@@ -206,7 +207,7 @@ class TokenLedger:
         # EventAligner.feed's common case inlined (this runs for every chunk of every movable
         # stream): a chunk of whole LF-framed events with nothing held before it.
         events = self.events
-        if events.pending or not chunk.endswith(_EVENT_END) or b"\r" in chunk:
+        if events.pending or not chunk.endswith(_EVENT_END) or _CR in chunk:
             data = events.feed(chunk)
             if not data:
                 return b""
