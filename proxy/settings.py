@@ -36,6 +36,7 @@ from pydantic_settings import (
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
 from proxy.stream.move_kinds import MoveCosts
+from proxy.stream.token_ledger import DEFAULT_MAX_EVENT_BYTES
 from proxy.url_policy import parse_allow_entry
 from rescheduler.config import (
     LOAD_METRICS,
@@ -258,6 +259,12 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of the fleet ejected at once (at least one)"
     )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    max_sse_event_bytes: int = Field(
+        DEFAULT_MAX_EVENT_BYTES,
+        ge=1024,
+        description="bytes one streamed SSE event may hold before its end; past it the backend "
+        "counts as failed (a movable request continues elsewhere)",
+    )
     # Was `max_connections` (still read, with a warning): it never capped open connections.
     max_idle_connections_per_backend: int = Field(
         2048, ge=1, description="idle keep-alive connections kept per backend"

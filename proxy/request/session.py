@@ -52,7 +52,7 @@ from proxy.request.upstream_failures import (
 from proxy.stream.continuation import Movability
 from proxy.stream.splice import Splicer
 from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
-from proxy.stream.token_ledger import EventAligner
+from proxy.stream.token_ledger import EventAligner, EventTooLarge
 
 log = logging.getLogger("fleet_proxy.session")
 
@@ -435,9 +435,10 @@ class RequestSession:
         ledger = self.ledger
         aligner: EventAligner | None = None
         if ledger is not None:
+            ledger.events.max_event_bytes = self._settings.max_sse_event_bytes
             feed = ledger.feed
         else:
-            aligner = EventAligner()
+            aligner = EventAligner(self._settings.max_sse_event_bytes)
             feed = aligner.feed
         splicer = self._splicer
         assembler = self._assembler
@@ -477,6 +478,9 @@ class RequestSession:
                 return Break("moved", str(e))
             if e.kind == "timeout" and self._leg_live:
                 return Break("stalled", str(e))
+            return Break("failed", str(e))
+        except EventTooLarge as e:
+            # A backend that never ends its event: fail the leg rather than buffer it all.
             return Break("failed", str(e))
         if ledger is None or ledger.done:
             await self._emit(self._closing(aligner.tail if aligner is not None else b""), True)

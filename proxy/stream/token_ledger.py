@@ -4,7 +4,10 @@ Two jobs on the per-chunk path, done with a few C-level `bytes` searches per eve
 parsing (parsing every event would cost more than the rest of the relay):
 
 - `EventAligner`: only whole events (ending in a blank line) go on; a partial tail waits for
-  the rest. A stream cut mid-way then never leaves its client with half an event.
+  the rest. A stream cut mid-way then never leaves its client with half an event. SSE lets a
+  line end in CRLF, LF or CR: a stream framed with CR is re-framed to LF (what every reader
+  here, and the proxy's own events, use), and an event still unfinished after
+  `max_event_bytes` fails the leg (`EventTooLarge`) instead of growing without limit.
 - `TokenLedger`: for a request that may move, vLLM is asked for `return_token_ids`; each event
   then carries `"token_ids":[...]` (and the first one the prompt's `"prompt_token_ids":[...]`).
   The ledger keeps those lists as the raw bytes they came in (parsed only if the request
@@ -31,6 +34,7 @@ import orjson
 from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
 
 _EVENT_END = b"\n\n"
+_CR = ord("\r")  # `int in bytes` is one memchr; `b"\r" in bytes` costs ten times more
 _NO_CHOICES = b'"choices":[]'
 _FINISHED = b'"finish_reason":"'  # a finish_reason that is a string, not null
 _TOKEN_IDS_KEY = b'"token_ids":'
@@ -50,26 +54,105 @@ _TOKEN_IDS = re.compile(rb'"token_ids":(\[[\d,]*\])')
 _PROMPT_IDS = re.compile(rb'"prompt_token_ids":(\[[\d,]*\])')
 
 
+# The default cap on one unfinished event (the `max_sse_event_bytes` setting): far above any
+# event vLLM writes (a chunk with top-20 logprobs is a few KiB per token).
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+
+class EventTooLarge(Exception):
+    """The backend sent more than `max_event_bytes` without ending its event."""
+
+
 class EventAligner:
-    """Passes whole SSE events only, holding a partial tail back until its end arrives."""
+    """Passes whole SSE events only, holding a partial tail back until its end arrives.
 
-    __slots__ = ("tail",)
+    A chunk with no CR in it and no partial event pending (nearly every chunk of an LF stream)
+    costs two C-level searches; everything else takes `_slow_feed`, which re-frames CRLF and CR
+    line ends to LF and keeps a partial event as a list of pieces joined once, when it ends.
+    """
 
-    def __init__(self) -> None:
-        self.tail = b""
+    __slots__ = ("_held", "_parts", "_skip_lf", "max_event_bytes", "pending")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.pending = False  # a partial event is held, or the last byte seen was a CR
+        self._parts: list[bytes] = []  # the partial event's pieces
+        self._held = 0  # their length
+        self._skip_lf = False  # the last chunk ended in CR: an LF opening the next one is its pair
+
+    @property
+    def tail(self) -> bytes:
+        """The bytes of the event not finished yet."""
+        return b"".join(self._parts)
+
+    def reset(self) -> None:
+        """Forget any partial event (a new leg starts)."""
+        self._parts = []
+        self._held = 0
+        self._skip_lf = self.pending = False
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self.tail + chunk if self.tail else chunk
-        end = data.rfind(_EVENT_END)
+        if self.pending or _CR in chunk:
+            return self._slow_feed(chunk)
+        end = chunk.rfind(_EVENT_END)
         if end < 0:
-            self.tail = data
+            self._hold(chunk)
             return b""
         end += 2
-        if end == len(data):
-            self.tail = b""
-            return data
-        self.tail = data[end:]
-        return data[:end]
+        if end == len(chunk):
+            return chunk
+        self._hold(chunk[end:])
+        return chunk[:end]
+
+    def _slow_feed(self, chunk: bytes) -> bytes:
+        if not chunk:
+            return b""
+        if self._skip_lf and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        if _CR in chunk:
+            self._skip_lf = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        else:
+            self._skip_lf = False
+        parts = self._parts
+        if parts:
+            # The blank line may straddle the pieces: one ends in LF, the next starts with LF.
+            if _EVENT_END not in chunk and not (
+                chunk.startswith(b"\n") and parts[-1].endswith(b"\n")
+            ):
+                self._hold(chunk)
+                return b""
+            parts.append(chunk)
+            data = b"".join(parts)
+            self._parts = []
+            self._held = 0
+        else:
+            data = chunk
+        end = data.rfind(_EVENT_END)
+        if end < 0:
+            self._hold(data)
+            return b""
+        end += 2
+        if end < len(data):
+            self._hold(data[end:])
+            data = data[:end]
+        self.pending = self._skip_lf or bool(self._parts)
+        return data
+
+    def _hold(self, piece: bytes) -> None:
+        if not piece:
+            self.pending = self._skip_lf or bool(self._parts)
+            return
+        self._held += len(piece)
+        if self._held > self.max_event_bytes:
+            held = self._held
+            self.reset()
+            raise EventTooLarge(
+                f"the backend sent an SSE event over max_sse_event_bytes "
+                f"({held} bytes without its end, the cap is {self.max_event_bytes})"
+            )
+        self._parts.append(piece)
+        self.pending = True
 
 
 class TokenLedger:
@@ -88,15 +171,15 @@ class TokenLedger:
         "_slices",
         "done",
         "error_event",
+        "events",
         "first_event",
         "prompt_slice",
         "sent",
         "strip",
-        "tail",
     )
 
     def __init__(self) -> None:
-        self.tail = b""
+        self.events = EventAligner()  # the partial event held; its cap is set per leg
         self.strip = True
         self._chat = False
         self.prompt_slice = b""  # the raw `[...]` of prompt_token_ids, from the first leg
@@ -113,7 +196,7 @@ class TokenLedger:
     def start_leg(self, *, strip: bool, chat: bool) -> None:
         """A new backend leg: `chat` when its events are chat chunks, `strip` to remove the
         id fields from them. Whatever partial event the last leg left is dropped."""
-        self.tail = b""
+        self.events.reset()
         self.strip = strip
         self._chat = chat
         self.done = False
@@ -121,18 +204,15 @@ class TokenLedger:
         self._recent.clear()
 
     def feed(self, chunk: bytes) -> bytes:
-        # EventAligner.feed, inlined: this runs for every chunk of every movable stream.
-        data = self.tail + chunk if self.tail else chunk
-        end = data.rfind(_EVENT_END)
-        if end < 0:
-            self.tail = data
-            return b""
-        end += 2
-        if end == len(data):
-            self.tail = b""
+        # EventAligner.feed's common case inlined (this runs for every chunk of every movable
+        # stream): a chunk of whole LF-framed events with nothing held before it.
+        events = self.events
+        if events.pending or not chunk.endswith(_EVENT_END) or _CR in chunk:
+            data = events.feed(chunk)
+            if not data:
+                return b""
         else:
-            self.tail = data[end:]
-            data = data[:end]
+            data = chunk
         self._recent.append(data)
         if not self.prompt_slice:
             self._opening(data)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from proxy.stream.token_ledger import EventAligner, TokenLedger
+from proxy.stream.token_ledger import EventAligner, EventTooLarge, TokenLedger
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "vllm-0.32"
 CAPTURES = {
@@ -51,7 +52,7 @@ def test_ids_are_recorded_and_stripped_however_the_stream_is_cut(endpoint: str, 
     ledger = TokenLedger()
     ledger.start_leg(strip=True, chat=endpoint == "chat/completions")
     passed = b"".join(ledger.feed(c) for c in chunked(raw, random.Random(seed)))
-    assert ledger.tail == b""
+    assert ledger.events.tail == b""
     expected_ids = [
         t
         for e in events_of(raw)
@@ -131,3 +132,126 @@ def test_the_aligner_holds_a_partial_event_back() -> None:
     assert a.feed(b"}\n") == b""
     assert a.feed(b"\ndata: [DONE]\n\n") == b"data: {2}\n\ndata: [DONE]\n\n"
     assert a.tail == b""
+
+
+# --- line ends other than LF (SSE allows CRLF, LF and CR) and the cap on one event
+
+LINE_ENDS = {"crlf": b"\r\n", "cr": b"\r"}
+
+
+def reframed(raw: bytes, line_end: bytes) -> bytes:
+    return raw.replace(b"\n", line_end)
+
+
+@pytest.mark.parametrize("framing", list(LINE_ENDS))
+@pytest.mark.parametrize("endpoint", list(CAPTURES))
+@pytest.mark.parametrize("seed", range(10))
+def test_crlf_and_cr_streams_are_tracked_as_their_lf_twin(
+    framing: str, endpoint: str, seed: int
+) -> None:
+    raw = CAPTURES[endpoint].read_bytes()
+    chat = endpoint == "chat/completions"
+    twin = TokenLedger()
+    twin.start_leg(strip=True, chat=chat)
+    expected = twin.feed(raw)
+    ledger = TokenLedger()
+    ledger.start_leg(strip=True, chat=chat)
+    cr_raw = reframed(raw, LINE_ENDS[framing])
+    # Cut anywhere, CRLF pairs included: whole LF-framed events, the same as from the twin.
+    passed = [ledger.feed(c) for c in chunked(cr_raw, random.Random(seed))]
+    assert all(p.endswith(b"\n\n") and b"\r" not in p for p in passed if p)
+    assert b"".join(passed) == expected
+    assert ledger.generated == twin.generated and len(ledger.generated) == 12
+    assert ledger.prompt_ids() == twin.prompt_ids()
+    assert ledger.done and ledger.finished and ledger.usage_seen and ledger.events.tail == b""
+    assert ledger.first_event == twin.first_event and ledger.safe() == 12
+
+
+@pytest.mark.parametrize("framing", list(LINE_ENDS))
+def test_the_aligner_reframes_wherever_a_crlf_stream_is_cut(framing: str) -> None:
+    lf = b'data: {"a":1}\n\n: keep-alive\n\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
+    raw = reframed(lf, LINE_ENDS[framing])
+    for i in range(len(raw) + 1):
+        for j in range(i, len(raw) + 1):
+            a = EventAligner()
+            out = a.feed(raw[:i]) + a.feed(raw[i:j]) + a.feed(raw[j:])
+            assert out == lf, (i, j)
+            assert a.tail == b""
+
+
+def test_mixed_line_ends_each_end_a_line() -> None:
+    a = EventAligner()
+    assert a.feed(b"data: 1\r\n\ndata: 2\n\r\ndata: 3\r\rdata: 4\r") == (
+        b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
+    )
+    # The CR ended the line; the LF after it is its pair, not a blank line.
+    assert a.feed(b"\n") == b""
+    assert a.feed(b"\n") == b"data: 4\n\n"
+
+
+def test_an_lf_chunk_after_a_partial_event_joins_it() -> None:
+    a = EventAligner()
+    assert a.feed(b"data: 1\n") == b""
+    assert a.pending and a.tail == b"data: 1\n"
+    assert a.feed(b"\ndata: 2\n\n") == b"data: 1\n\ndata: 2\n\n"
+    assert not a.pending
+
+
+def test_an_event_past_the_cap_fails_and_frees_its_bytes() -> None:
+    a = EventAligner(max_event_bytes=1000)
+    assert a.feed(b"data: " + b"x" * 988 + b"\n\n") == b"data: " + b"x" * 988 + b"\n\n"
+    assert a.feed(b"data: " + b"y" * 500) == b""
+    with pytest.raises(EventTooLarge, match="max_sse_event_bytes"):
+        a.feed(b"y" * 600)
+    assert a.tail == b"" and not a.pending
+    # A whole event that fits, however it is cut, passes.
+    a = EventAligner(max_event_bytes=1000)
+    event = b"data: " + b"z" * 990 + b"\n\n"
+    assert b"".join(a.feed(event[i : i + 7]) for i in range(0, len(event), 7)) == event
+
+
+def test_the_ledger_applies_the_cap_it_is_given() -> None:
+    ledger = TokenLedger()
+    ledger.start_leg(strip=True, chat=False)
+    ledger.events.max_event_bytes = 4096
+    with pytest.raises(EventTooLarge):
+        for _ in range(10):
+            ledger.feed(b"data: " + b"x" * 1000)
+
+
+@pytest.mark.parametrize("framing", ["lf", "crlf"])
+def test_a_large_unfinished_event_is_buffered_in_linear_time(framing: str) -> None:
+    """16 MiB without an event end, in 1 KiB chunks: joined once, not copied per chunk (which
+    would copy some 128 GiB)."""
+    piece = b"x" * 1023 + (b"\r" if framing == "crlf" else b"y")
+    for make in (EventAligner, TokenLedger):
+        feeder = make()
+        if isinstance(feeder, TokenLedger):
+            feeder.start_leg(strip=True, chat=False)
+            feeder.events.max_event_bytes = 32 << 20
+        else:
+            feeder.max_event_bytes = 32 << 20
+        began = time.perf_counter()
+        assert feeder.feed(b"data: ") == b""
+        for _ in range(16 * 1024):
+            assert feeder.feed(piece) == b""
+        out = feeder.feed(b"\n\n")
+        assert len(out) > 16 << 20 and out.endswith(b"\n\n")
+        assert time.perf_counter() - began < 5
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_line_ends_and_cuts_give_the_lf_stream(seed: int) -> None:
+    rng = random.Random(seed)
+    lines = [
+        [f'data: {{"n":{e},"l":{i}}}'.encode() for i in range(rng.randint(1, 3))] for e in range(40)
+    ]
+    raw = b""
+    for event in lines:
+        for line in [*event, b""]:
+            # An empty line's LF right after a CR would be that CR's pair, not a blank line.
+            ends = [b"\r\n", b"\r"] if not line and raw.endswith(b"\r") else [b"\r\n", b"\n", b"\r"]
+            raw += line + rng.choice(ends)
+    lf = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    a = EventAligner()
+    assert b"".join(a.feed(c) for c in chunked(raw, rng)) == lf
