@@ -43,10 +43,28 @@ def error_body(message: str, type: str, param: str | None, code: str | int | Non
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
-def openai_not_found(body: bytes, backend_id: str, path: str) -> bytes | None:
-    """A backend's 404 in the OpenAI error shape, or None when it already is one. vLLM answers a
-    path it does not serve with `{"detail": "Not Found"}` (FastAPI's shape), other servers with
-    plain text; OpenAI clients read `error.message`."""
+# The backend answers the proxy puts in the OpenAI error shape when they are not in it already:
+# the status, and how the wrapped message says what the backend did.
+_WRAPPED: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "backend {backend} refused the request to {path}"),
+    404: ("not_found_error", "backend {backend} does not serve {path}"),
+}
+
+
+def wraps_status(status: int) -> bool:
+    """Whether a backend answer with `status` is put in the OpenAI error shape when needed."""
+    return status in _WRAPPED
+
+
+def openai_shaped(status: int, body: bytes, backend_id: str, path: str) -> bytes | None:
+    """A backend's 400 or 404 in the OpenAI error shape, or None when it already is one (or
+    the status is another). vLLM answers a path it does not serve with `{"detail": "Not
+    Found"}` (FastAPI's shape); other servers, and engines refusing a request before their
+    API layer (an oversized header, say), answer plain text; OpenAI clients read
+    `error.message`."""
+    wrapped = _WRAPPED.get(status)
+    if wrapped is None:
+        return None
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -56,8 +74,9 @@ def openai_not_found(body: bytes, backend_id: str, path: str) -> bytes | None:
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return None
     said = body[:200].decode("utf-8", "replace").strip()
-    message = f"backend {backend_id} does not serve {path}: it answered 404"
-    return error_body(message + (f" ({said})" if said else ""), "not_found_error", None, 404)
+    kind, template = wrapped
+    message = template.format(backend=backend_id, path=path) + f": it answered {status}"
+    return error_body(message + (f" ({said})" if said else ""), kind, None, status)
 
 
 def sse_error_event(message: str, code: int = 502) -> bytes:

@@ -36,7 +36,7 @@ from policies.policy import RequestContext
 from proxy.asgi import Send, response_headers
 from proxy.backends.accounting import Dispatch
 from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
-from proxy.errors import ProxyError, openai_not_found, sse_error_event
+from proxy.errors import ProxyError, openai_shaped, sse_error_event, wraps_status
 from proxy.ports import FinishedRequest, RequestServices
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
@@ -379,8 +379,12 @@ class RequestSession:
         resp = leg.resp
         status = resp.status
         if whole is not None:
-            # Only on a 404: the status is an int compare, the body is read only then.
-            shaped = openai_not_found(whole, leg.backend.id, self.path) if status == 404 else None
+            # Only on a 400 or 404: a dict lookup, the body is read only then.
+            shaped = (
+                openai_shaped(status, whole, leg.backend.id, self.path)
+                if wraps_status(status)
+                else None
+            )
             if shaped is not None:
                 whole = shaped
             self.answer = whole

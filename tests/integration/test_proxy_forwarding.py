@@ -313,6 +313,31 @@ async def test_backend_4xx_is_relayed_not_retried(two_backends):
         assert sum(len(b.seen) for b in two_backends) == 1
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_backends_plain_text_400_reaches_the_client_in_the_openai_shape(
+    two_backends, stream
+):
+    """An engine that refuses a request before its API layer (an oversized header, say)
+    answers plain text; an OpenAI client reads `error.message`."""
+    for b in two_backends:
+        b.behaviour = Behaviour(fail_status=400, fail_text="Bad Request: header too large")
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {"model": "fake-model", "prompt": "x", "stream": stream}
+        r = await c.post("/v1/completions", json=body)
+        assert r.status_code == 400
+        assert r.headers["content-type"] == "application/json"
+        backend = r.headers["x-fleet-backend"]
+        assert r.json()["error"] == {
+            "message": f"backend {backend} refused the request to /v1/completions: it "
+            "answered 400 (Bad Request: header too large)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": 400,
+        }
+        assert sum(len(b.seen) for b in two_backends) == 1  # a refusal is not retried
+
+
 async def test_death_mid_stream_ends_with_error_event_and_no_duplicates(two_backends):
     for b in two_backends:
         b.behaviour = Behaviour(chunks=10, die_after_chunks=3)

@@ -19,6 +19,7 @@ from aiohttp import web
 class Behaviour:
     fail_status: int | None = None  # answer every request with this status
     fail_times: int = 0  # ...only this many times when > 0
+    fail_text: str | None = None  # ...with this plain-text body, not an OpenAI error
     chunks: int = 8
     chunk_delay: float = 0.0
     first_byte_delay: float = 0.0
@@ -146,6 +147,8 @@ class FakeBackend:
         )
         status = self._should_fail()
         if status is not None:
+            if self.behaviour.fail_text is not None:
+                return web.Response(text=self.behaviour.fail_text, status=status)
             return web.json_response(
                 {"error": {"message": "injected", "type": "x", "code": status}}, status=status
             )
