@@ -348,6 +348,13 @@ class Settings(BaseSettings):
     client_max_header_bytes: int = Field(
         64 * 1024, ge=1024, description="bytes of a request line and its headers; more get 431"
     )
+    max_forwarded_header_bytes: int = Field(
+        8 * 1024,
+        ge=1024,
+        description="bytes of the client's headers the proxy forwards to a backend (names, "
+        "values and 4 bytes of framing each); more get 431, since engines refuse large "
+        "headers with answers of their own",
+    )
     client_header_timeout: float = Field(
         10.0,
         gt=0,

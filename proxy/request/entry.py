@@ -127,6 +127,7 @@ class Forwarder:
         self._session_header = core.settings.session_header
         self._session_field = core.settings.session_body_field
         self._drop = _DROP_REQUEST_HEADERS
+        self._max_forwarded_header_bytes = core.settings.max_forwarded_header_bytes
         if not core.settings.forward_client_authorization:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
 
@@ -137,6 +138,7 @@ class Forwarder:
         headers: dict[str, str] = {}
         upstream: list[tuple[bytes, bytes]] = []  # as the client sent them, in order
         drop = self._drop
+        forwarded = 0  # bytes of the headers going on, as a backend's parser counts them
         for k, v in scope["headers"]:
             name = k.decode("latin-1")
             if name in headers and k in _SINGLE_VALUED_REQUEST_HEADERS:
@@ -144,6 +146,7 @@ class Forwarder:
             headers[name] = v.decode("latin-1")
             if k not in drop:
                 upstream.append((k, v))
+                forwarded += len(k) + len(v) + 4
         named = headers.get("connection")
         if named is not None:
             upstream = _without_connection_named(upstream, named)
@@ -157,6 +160,8 @@ class Forwarder:
         session: RequestSession | None = None
         model: str | None = None
         try:
+            if forwarded > self._max_forwarded_header_bytes:
+                raise _headers_too_large(forwarded, self._max_forwarded_header_bytes)
             if self._authorize is not None:
                 refusal = self._authorize(headers)
                 if refusal is not None:
@@ -324,6 +329,15 @@ class Forwarder:
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         self._watchers.add(watcher)  # the loop keeps only weak references to tasks
         watcher.add_done_callback(self._watchers.discard)
+
+
+def _headers_too_large(size: int, limit: int) -> ProxyError:
+    return ProxyError(
+        431,
+        f"the request's headers to forward are {size} bytes, over the {limit}-byte limit "
+        "(max_forwarded_header_bytes)",
+        code=431,
+    )
 
 
 def _without_connection_named(

@@ -338,6 +338,28 @@ async def test_a_backends_plain_text_400_reaches_the_client_in_the_openai_shape(
         assert sum(len(b.seen) for b in two_backends) == 1  # a refusal is not retried
 
 
+async def test_headers_over_the_forwarding_budget_get_a_431_before_any_backend(two_backends):
+    big = {"x-trace-context": "t" * 10_000}  # under the front door's 64 KiB, over 8 KiB
+    settings = fast_settings([b.url for b in two_backends])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        body = {"model": "fake-model", "prompt": "x"}
+        r = await c.post("/v1/completions", json=body, headers=big)
+        assert r.status_code == 431
+        error = r.json()["error"]
+        assert "max_forwarded_header_bytes" in error["message"] and error["code"] == 431
+        assert sum(len(b.seen) for b in two_backends) == 0
+        assert (await c.post("/v1/completions", json=body)).status_code == 200
+        # Under the budget a large header goes on as it came.
+        medium = {"x-trace-context": "m" * 4_000}
+        assert (await c.post("/v1/completions", json=body, headers=medium)).status_code == 200
+        traced = [s.headers.get("x-trace-context") for b in two_backends for s in b.seen]
+        assert [v for v in traced if v is not None] == [medium["x-trace-context"]]
+    lowered = fast_settings([b.url for b in two_backends], max_forwarded_header_bytes=2048)
+    async with running_proxy(lowered) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.post("/v1/completions", json=body, headers=medium)
+        assert r.status_code == 431
+
+
 async def test_death_mid_stream_ends_with_error_event_and_no_duplicates(two_backends):
     for b in two_backends:
         b.behaviour = Behaviour(chunks=10, die_after_chunks=3)
