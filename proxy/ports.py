@@ -59,15 +59,14 @@ class RequestLog(Protocol):
         session served it."""
 
 
-class RequestServices(Protocol):
-    """What one client request's code (`proxy.request`) may use of the proxy."""
+class FleetServices(Protocol):
+    """What both the request and the control code read: settings, the clock, the fleet and
+    its live requests, the policy, and the owner of backend health."""
 
     @property
     def settings(self) -> Settings: ...
     @property
     def clock(self) -> Clock: ...
-    @property
-    def metrics(self) -> RouterMetrics: ...
     @property
     def fleet(self) -> FleetRegistry: ...
     @property
@@ -76,6 +75,13 @@ class RequestServices(Protocol):
     def policy(self) -> Policy: ...
     @property
     def health(self) -> BackendHealth: ...
+
+
+class RequestServices(FleetServices, Protocol):
+    """What one client request's code (`proxy.request`) may use of the proxy."""
+
+    @property
+    def metrics(self) -> RouterMetrics: ...
     @property
     def prompt_tokens(self) -> PromptTokens | None: ...
     @property
@@ -90,21 +96,9 @@ class RequestServices(Protocol):
         """The forwarding client; exists once the proxy started."""
 
 
-class ControlServices(Protocol):
+class ControlServices(FleetServices, Protocol):
     """What the control plane (`proxy.control`) may use of the proxy."""
 
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def fleet(self) -> FleetRegistry: ...
-    @property
-    def live(self) -> LiveTable: ...
-    @property
-    def policy(self) -> Policy: ...
-    @property
-    def health(self) -> BackendHealth: ...
     @property
     def rescheduler(self) -> ReschedulerLoop | None: ...
     @property
