@@ -391,18 +391,41 @@ def run_main(argv: list[str]) -> int:
     return 0
 
 
+# `bench`'s own subcommands, before its replay's flags.
+SUBCOMMANDS = ("selfcheck", "make-trace", "fake-server")
+
+
+def subcommand(
+    name: str,
+) -> tuple[Callable[[], argparse.ArgumentParser], Callable[[list[str]], int]] | None:
+    """`bench`'s own subcommand `name`: what builds its parser, and its entry; None for a name
+    that is none. Each is imported only when named, to start without matplotlib/scipy."""
+    if name == "selfcheck":
+        from bench.selfcheck import build_parser as build
+        from bench.selfcheck import selfcheck_main as run
+    elif name == "make-trace":
+        from bench.tracegen import build_parser as build
+        from bench.tracegen import make_trace_main as run
+    elif name == "fake-server":
+        from bench.fake_openai import build_parser as build
+        from bench.fake_openai import serve_main as run
+    else:
+        return None
+    return build, run
+
+
+def parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The parser `main(argv)` parses with (a bench subcommand's, or the replay's), and the
+    words it parses."""
+    found = subcommand(argv[0]) if argv else None
+    if found is not None:
+        return found[0](), argv[1:]
+    return build_parser(), argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["selfcheck"]:
-        from bench.selfcheck import selfcheck_main
-
-        return selfcheck_main(argv[1:])
-    if argv[:1] == ["make-trace"]:
-        from bench.tracegen import make_trace_main
-
-        return make_trace_main(argv[1:])
-    if argv[:1] == ["fake-server"]:
-        from bench.fake_openai import serve_main
-
-        return serve_main(argv[1:])
+    found = subcommand(argv[0]) if argv else None
+    if found is not None:
+        return found[1](argv[1:])
     return run_main(argv)

@@ -156,14 +156,18 @@ async def start(
     return runner, bound
 
 
-def serve_main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleet-proxy bench fake-server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--backend-id", default="")
     p.add_argument("--ttft-ms", type=float, default=0.0)
     p.add_argument("--itl-ms", type=float, default=0.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def serve_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
 
     async def run() -> None:
         state = FakeState(args.backend_id, args.ttft_ms / 1000, args.itl_ms / 1000)

@@ -21,13 +21,17 @@ from bench.summary import summarize
 from bench.synthetic import chat_sessions
 
 
-def selfcheck_main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleet-proxy bench selfcheck")
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--output-tokens", type=int, default=4)
     p.add_argument("--min-rps", type=float, default=1000.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def selfcheck_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
 
     server = subprocess.Popen(
         [sys.executable, "-m", "bench", "fake-server", "--port", "0"],

@@ -64,7 +64,7 @@ def conversation_trace(
     return lines
 
 
-def make_trace_main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fleet-proxy bench make-trace",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
@@ -74,7 +74,11 @@ def make_trace_main(argv: list[str]) -> int:
     p.add_argument("--rate", type=float, default=1.0, help="conversations per second")
     p.add_argument("--system-blocks", type=int, default=2, help="shared 512-token blocks")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return p
+
+
+def make_trace_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     lines = conversation_trace(
         conversations=args.conversations,
         rate=args.rate,

@@ -297,35 +297,64 @@ def _parsers(
 def parse_line(argv: list[str]) -> argparse.Namespace:
     """The command line parsed; an unknown flag is refused under its subcommand's usage (not
     the top-level one argparse would show) with the closest flags that subcommand has."""
+    from proxy.serving.flag_suggestions import option_strings, refuse_unknown_flags, unrecognized
+
     parser, subcommands = _parsers(argv[0] if argv else None)
+    chosen = subcommands.get(argv[0]) if argv else None
+    if chosen is not None:
+        refuse_unknown_flags(chosen, argv[1:])
     args, extras = parser.parse_known_args(argv)
     if extras:
-        from proxy.serving.flag_suggestions import option_strings, unrecognized
-
         chosen = subcommands[args.command]
         chosen.error(unrecognized(extras, option_strings(chosen)))
     return args
 
 
+Entry = Callable[[list[str]], int]
+
+
+def own_parser(
+    command: str, rest: list[str]
+) -> tuple[argparse.ArgumentParser, list[str], Entry] | None:
+    """For a subcommand that parses its own flags (the simulator, the benchmark, the SLA
+    profiler, the demo): its parser, the words it parses, and its entry, which is handed the
+    rest of the line untouched. None for the others, whose flags this module's parser holds."""
+    if command == "sim":
+        from simulator.cli import build_parser as build
+        from simulator.cli import main as run
+    elif command == "bench":
+        from bench.cli import main as bench_main
+        from bench.cli import parser_for
+
+        parser, words = parser_for(rest)
+        return parser, words, bench_main
+    elif command == "profile-sla":
+        from planner.profile_sla import build_parser as build
+        from planner.profile_sla import main as run
+    elif command == "demo":
+        from proxy.serving.demo import build_parser as build
+        from proxy.serving.demo import main as run
+    else:
+        return None
+    return build(), rest, run
+
+
+def subcommand_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser that reads the flags of the subcommand `argv` names (bench's own
+    subcommands included)."""
+    found = own_parser(argv[0], argv[1:])
+    return found[0] if found is not None else _parsers(argv[0])[1][argv[0]]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The simulator and benchmark own their flags; hand them the rest of the line untouched.
-    if argv and argv[0] == "sim":
-        from simulator.cli import main as sim_main
+    found = own_parser(argv[0], argv[1:]) if argv else None
+    if found is not None:
+        from proxy.serving.flag_suggestions import refuse_unknown_flags
 
-        return sim_main(argv[1:])
-    if argv and argv[0] == "bench":
-        from bench.cli import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv and argv[0] == "profile-sla":
-        from planner.profile_sla import main as profile_sla_main
-
-        return profile_sla_main(argv[1:])
-    if argv and argv[0] == "demo":
-        from proxy.serving.demo import main as demo_main
-
-        return demo_main(argv[1:])
+        parser, words, run = found
+        refuse_unknown_flags(parser, words)
+        return run(argv[1:])
 
     args = parse_line(argv)
     if args.command == "serve":

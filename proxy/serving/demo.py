@@ -8,6 +8,7 @@ not stay behind on its ports.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
@@ -18,7 +19,6 @@ import sys
 import time
 import urllib.request
 
-from proxy.serving.flag_suggestions import SuggestingParser
 from proxy.serving.parent_death import die_with_parent
 from proxy.serving.serve import run_serve
 from proxy.settings import ConfigError, load_settings
@@ -59,8 +59,8 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str]) -> int:
-    p = SuggestingParser(
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
         prog="fleet-proxy demo",
         description="Start a simulated vLLM fleet and fleet-proxy in front of it.",
     )
@@ -71,6 +71,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--profile", default="h100-llama-8b", help="simulator performance profile")
     p.add_argument("--speed", type=float, default=1.0, help="simulated clock speed-up")
     p.add_argument("--policy", default=None, help="routing policy (default: the proxy's)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.engines < 1:
         p.error("--engines must be at least 1")
