@@ -1,23 +1,16 @@
 #!/usr/bin/env bash
-# End-to-end check of docker-compose.yml on a machine with a Docker engine and the compose
-# plugin: build the image, bring the simulated stack up, send a completion through the proxy,
+# End-to-end check of docker-compose.yml on a machine with a Docker engine and Compose v2
+# (see scripts/compose_images.sh): build the image, bring the simulated stack up, send a completion through the proxy,
 # read `up` for the proxy and every engine back from Prometheus, check that Grafana lists the
 # dashboard and reaches its data source, then tear everything down (whatever happened).
 #
 # It runs as its own compose project on ports of its own (PROXY_PORT, PROMETHEUS_PORT,
 # GRAFANA_PORT; defaults 18000, 19090, 13000), so a stack already up is left alone.
 #
-# On a machine that cannot pull public images:
-# - the base image: BASE_IMAGE if set; else python:3.11-slim if present or pullable; else a
-#   stand-in built here from Debian packages (debootstrap bookworm with python3-venv, imported
-#   with `docker import`);
-# - Prometheus: the compose file's image (PROMETHEUS_IMAGE:PROMETHEUS_VERSION) if present or
-#   pullable; else, unless PROMETHEUS_IMAGE was set, a stand-in built from Debian's
-#   `prometheus` package on that stand-in base (deploy/prometheus/Dockerfile.standin);
-# - Grafana: its image if present or pullable; else the stack runs without the grafana service
-#   and the Grafana checks are skipped, said in a warning and in the last line
-#   (SMOKE_REQUIRE_GRAFANA=1 makes that a failure).
-# Images built here are kept, and reused by the next run.
+# On a machine that cannot pull public images it builds stand-ins for the base image and
+# Prometheus, and runs without Grafana (see scripts/compose_images.sh): the Grafana checks are
+# then skipped, said in a warning and in the last line (SMOKE_REQUIRE_GRAFANA=1 makes that a
+# failure). Images built here are kept, and reused by the next run.
 #
 # Every step is bounded: pulls SMOKE_PULL_S (default 120 s) each, each build SMOKE_BUILD_S
 # (900 s), the stack's healthchecks SMOKE_WAIT_S (300 s), the checks about 3 minutes, the
@@ -42,99 +35,24 @@ unset FLEET_PROXY_API_KEYS
 wait_s="${SMOKE_WAIT_S:-300}"
 pull_s="${SMOKE_PULL_S:-120}"
 build_s="${SMOKE_BUILD_S:-900}"
-standin_prometheus_tag=fleet-proxy/prometheus-standin:debian
 
 say() { echo "compose_smoke: $*" >&2; }
 die() { say "FAILED: $*"; exit 1; }
-compose() { docker compose "$@"; }
+
+# shellcheck source=scripts/compose_images.sh
+source "$repo/scripts/compose_images.sh"
 
 command -v docker >/dev/null || die "no docker client on PATH"
 docker info >/dev/null 2>&1 || die "no Docker engine answers ('docker info' failed)"
-docker compose version >/dev/null 2>&1 || die "the docker compose plugin is missing"
+find_compose
 command -v curl >/dev/null || die "curl is needed"
 command -v python3 >/dev/null || die "python3 is needed (to read JSON answers)"
 command -v timeout >/dev/null || die "timeout (coreutils) is needed"
 
-present() { docker image inspect "$1" >/dev/null 2>&1; }
-have_image() { present "$1" || timeout "$pull_s" docker pull -q "$1" >/dev/null 2>&1; }
-
-standin_base() {
-  # A Debian bookworm root file system with Python 3.11 and its venv module, from Debian's
-  # packages, imported as an image.
-  local tag=fleet-proxy-base:bookworm
-  if present "$tag"; then echo "$tag"; return; fi
-  command -v debootstrap >/dev/null || die "no public base image can be pulled and \
-debootstrap is missing for a stand-in base (apt-get install debootstrap), or set BASE_IMAGE"
-  local mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-  local root
-  root="$(mktemp -d)"
-  say "building the stand-in base $tag from $mirror (debootstrap, a few minutes)"
-  timeout "$build_s" debootstrap --variant=minbase \
-    --include=python3,python3-venv,ca-certificates bookworm "$root" "$mirror" >&2 \
-    || { rm -rf "$root"; die "debootstrap failed"; }
-  # It trusts what this host trusts, for pip behind a TLS-inspecting proxy as well.
-  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
-  tar -C "$root" -c . | timeout "$build_s" docker import -c 'ENV LANG=C.UTF-8' \
-    -c 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' - "$tag" >/dev/null \
-    || { rm -rf "$root"; die "docker import of the stand-in base failed"; }
-  rm -rf "$root"
-  echo "$tag"
-}
-
-standin_prometheus() {
-  # Prometheus from Debian's package, started as the prom/prometheus image starts it.
-  local tag="$standin_prometheus_tag"
-  if present "$tag"; then echo "$tag"; return; fi
-  local base
-  base="$(standin_base)"
-  say "building the stand-in $tag from Debian's prometheus package on $base"
-  timeout "$build_s" docker build -q --build-arg "BASE_IMAGE=$base" -t "$tag" - \
-    <deploy/prometheus/Dockerfile.standin >/dev/null \
-    || die "building the stand-in Prometheus image failed"
-  echo "$tag"
-}
-
-# The image a service of docker-compose.yml runs, as the environment makes it.
-service_image() {
-  compose config --format json | python3 -c \
-    'import json, sys; print(json.load(sys.stdin)["services"][sys.argv[1]]["image"])' "$1" \
-    || die "docker compose config failed"
-}
-
-if [[ -z "${BASE_IMAGE:-}" ]]; then
-  if have_image python:3.11-slim; then
-    export BASE_IMAGE=python:3.11-slim
-  else
-    BASE_IMAGE="$(standin_base)"
-    export BASE_IMAGE
-  fi
-fi
-say "image: $FLEET_PROXY_IMAGE, built on $BASE_IMAGE"
-
-prometheus_image="$(service_image prometheus)"
-if ! have_image "$prometheus_image"; then
-  [[ -z "${PROMETHEUS_IMAGE:-}" ]] \
-    || die "PROMETHEUS_IMAGE is set and $prometheus_image is neither present nor pullable"
-  say "$prometheus_image is neither present nor pullable: using a stand-in from Debian"
-  standin="$(standin_prometheus)"
-  export PROMETHEUS_IMAGE="${standin%:*}" PROMETHEUS_VERSION="${standin##*:}"
-  prometheus_image="$(service_image prometheus)"
-fi
-say "image: $prometheus_image for prometheus"
-
-services=(sim proxy prometheus)
-grafana_image="$(service_image grafana)"
-grafana_skipped=""
-if have_image "$grafana_image"; then
-  services+=(grafana)
-  say "image: $grafana_image for grafana"
-else
-  grafana_skipped="$grafana_image is neither present nor pullable"
+choose_images
+if [[ -n "$grafana_skipped" ]]; then
   [[ "${SMOKE_REQUIRE_GRAFANA:-0}" == 0 ]] || die "$grafana_skipped (SMOKE_REQUIRE_GRAFANA=1)"
-  say "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
-  say "WARNING: $grafana_skipped."
-  say "WARNING: the stack runs WITHOUT the grafana service; the Grafana checks are SKIPPED."
-  say "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  warn_grafana_skipped "; the Grafana checks are SKIPPED"
 fi
 
 teardown() {
@@ -142,10 +60,10 @@ teardown() {
   trap - EXIT INT TERM
   if [[ $rc -ne 0 ]]; then
     say "logs of the failed run:"
-    timeout 60 docker compose logs --no-color --tail 40 >&2 || true
+    timeout 60 "${COMPOSE[@]}" logs --no-color --tail 40 >&2 || true
   fi
-  say "docker compose down --volumes (project $COMPOSE_PROJECT_NAME)"
-  timeout 120 docker compose down --volumes --remove-orphans >/dev/null 2>&1 \
+  say "${COMPOSE[*]} down --volumes (project $COMPOSE_PROJECT_NAME)"
+  timeout 120 "${COMPOSE[@]}" down --volumes --remove-orphans >/dev/null 2>&1 \
     || say "WARNING: docker compose down failed; see 'docker compose -p $COMPOSE_PROJECT_NAME ps -a'"
   exit $rc
 }
@@ -153,9 +71,9 @@ trap teardown EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-say "docker compose up ${services[*]} (build, then wait for every healthcheck; up to ${wait_s}s)"
+say "${COMPOSE[*]} up ${services[*]} (build, then wait for every healthcheck; up to ${wait_s}s)"
 started=$SECONDS
-timeout $((build_s + wait_s)) docker compose up -d --build --wait --wait-timeout "$wait_s" \
+timeout $((build_s + wait_s)) "${COMPOSE[@]}" up -d --build --wait --wait-timeout "$wait_s" \
   "${services[@]}" >&2 || die "the stack did not become healthy"
 say "ok: ${services[*]} healthy after $((SECONDS - started))s"
 compose ps --format '{{.Service}} {{.Image}} {{.Status}}' >&2 || true
