@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from machine_load import run_warnings  # noqa: E402
+from machine_load import busy_summary  # noqa: E402
 from request_spread import counts_text, spread  # noqa: E402
 
 from bench.artifacts import comparison_table, write_json  # noqa: E402
@@ -197,11 +197,9 @@ def per_run_table(bundles: dict[str, list[Path]]) -> str:
     return "\n".join(rows)
 
 
-def busy_runs(bundles: dict[str, list[Path]]) -> list[str]:
-    """A warning for every run during which the 1-minute load exceeded the cores."""
-    return [
-        w for label, k, b in _runs(bundles) for w in run_warnings(run_load(b), f"{label} run {k}")
-    ]
+def busy_runs(bundles: dict[str, list[Path]]) -> str:
+    """A warning when the 1-minute load exceeded the cores around any run; else ""."""
+    return busy_summary([(f"{label} run {k}", run_load(b)) for label, k, b in _runs(bundles)]) or ""
 
 
 def precise_table(bundles: dict[str, list[Path]]) -> str:
@@ -314,7 +312,9 @@ def main(argv: list[str]) -> int:
     if args.pool:
         pooled = {s.label: pooled_bundles(args.pool, s.label) for s in settings}
         precise = precise_table(pooled)
-        print(per_run_table(pooled) + "\n\n" + (precise + "\n\n" if precise else ""))
+        busy = busy_runs(pooled)
+        print(per_run_table(pooled) + "\n\n" + (busy + "\n\n" if busy else ""))
+        print(precise + "\n\n" if precise else "")
         print(all_pairs(pooled)[0])
         return 0
     cp.check_bench_args(bench_args)
@@ -340,7 +340,6 @@ def main(argv: list[str]) -> int:
             "",
             per_run_table(bundles),
             "",
-            *(line for warning in busy_runs(bundles) for line in (warning, "")),
             *(["## Precise index at the end of each run", "", precise, ""] if precise else []),
             "## Every pair",
             "",

@@ -66,8 +66,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from machine_load import busy_warning, cores, load_now, run_warnings  # noqa: E402
+from machine_load import busy_summary, busy_warning, cores, load_now  # noqa: E402
 from peer_readiness import bench_api, fleet_model, router_executable, wait_until_serving  # noqa: E402
+from port_owner import group_listens_on  # noqa: E402
 from request_spread import counts_text, spread  # noqa: E402
 
 from bench.artifacts import comparison_table, read_records, settings_table, write_json  # noqa: E402
@@ -260,10 +261,12 @@ def sim_lag(url: str) -> float | None:
 def wait_until(check: Any, proc: Proc, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if check():
-            return
+        # Alive first: on a shared machine another process may have taken the port the child
+        # could not bind, and would answer the check in its place.
         if not proc.alive():
             raise RuntimeError(f"{what} exited; see {proc.log}")
+        if check():
+            return
         time.sleep(0.2)
     raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s; see {proc.log}")
 
@@ -529,6 +532,43 @@ def run_campaign(
     return bundles, skipped
 
 
+PORT_TAKEN = "Address already in use"
+
+
+def start_router(
+    setting: RouterSetting,
+    urls: list[str],
+    config: Path | None,
+    peers_venv: Path | None,
+    logs: Path,
+    tries: int = 3,
+) -> tuple[Proc, int]:
+    """A router up (its own socket on the port, its health route answering) and its port. A
+    router that could not bind the free port it was given, or its metrics port (another
+    process took it between the pick and the bind: the machine is shared), is started again
+    on fresh ones."""
+    attempt = 1
+    while True:
+        port = free_port()
+        cmd, ready = router_command(setting, port, urls, config, peers_venv)
+        suffix = "" if attempt == 1 else str(attempt)
+        router = Proc(cmd, logs.with_name(f"{logs.name}-router{suffix}.log"))
+        pid = router.popen.pid
+
+        def up(url: str = ready, pid: int = pid, port: int = port) -> bool:
+            # Its own socket answering, not another process that took the port.
+            return group_listens_on(pid, port) and answers(url)
+
+        try:
+            wait_until(up, router, 60, setting.label)
+            return router, port
+        except RuntimeError:
+            router.stop()
+            if attempt == tries or PORT_TAKEN not in router.log.read_text(errors="replace"):
+                raise
+            attempt += 1
+
+
 def run_setting(
     setting: RouterSetting, k: int, args: argparse.Namespace, bench_args: list[str], out: Path
 ) -> Path:
@@ -545,17 +585,16 @@ def run_setting(
             endpoints = kv_event_endpoints(fleet.log) if setting.precise else {}
             text = proxy_config(setting, urls, endpoints)
             config.write_text(yaml.safe_dump(text, sort_keys=False))
-        port = free_port()
+        router, port = start_router(setting, urls, config, args.peers_venv, logs / tag)
         base = f"http://127.0.0.1:{port}"
-        cmd, ready = router_command(setting, port, urls, config, args.peers_venv)
-        router = Proc(cmd, logs / f"{tag}-router.log")
-        wait_until(lambda: answers(ready), router, 60, setting.label)
         # The engines' model, not the router's list (sglang-router lists a vLLM model as
         # `unknown`); the run starts once the router has served a completion naming it.
         model = fleet_model(urls[0])
         served = wait_until_serving(
             base, model, bench_api(bench_args), alive=router.alive, timeout_s=args.ready_timeout
         )
+        if not router.alive():  # what answered was another process on its port
+            raise RuntimeError(f"{setting.label} exited; see {router.log}")
         cpu_at_ready = cpu_seconds(router.popen.pid)
         load_before = load_now()
         if warning := busy_warning(load_before, cores(), f"before {tag}"):
@@ -672,13 +711,15 @@ def spread_table(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> str
 
 
 def busy_lines(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> list[str]:
-    """Every run during which the 1-minute load exceeded the cores, as warning lines."""
-    return [
-        w
-        for label, items in runs.items()
-        for k, (r, _) in enumerate(items)
-        for w in run_warnings(r.summary.get("costs") or {}, f"{label} run {k}")
-    ]
+    """A warning paragraph when the 1-minute load exceeded the cores around any run."""
+    warning = busy_summary(
+        [
+            (f"{label} run {k}", r.summary.get("costs") or {})
+            for label, items in runs.items()
+            for k, (r, _) in enumerate(items)
+        ]
+    )
+    return [] if warning is None else [warning, ""]
 
 
 def run_balance(summary: dict[str, Any]) -> float | None:
@@ -787,7 +828,7 @@ def combine(
         "Requests per engine: finished during the run, from the engines' /metrics; max/mean "
         "is 1.00 when every engine served as many.",
         "",
-        *(line for warning in busy_lines(runs) for line in (warning, "")),
+        *busy_lines(runs),
     ]
     for other, rows in comparisons.items():
         lines += [comparison_table(labels[0], other, rows), ""]

@@ -5,7 +5,7 @@ machine), so every run records the load average before and after and says when i
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -28,12 +28,24 @@ def busy_warning(load: list[float], n_cores: int, when: str) -> str | None:
     )
 
 
-def run_warnings(costs: Mapping[str, Any], label: str) -> list[str]:
-    """The busy warnings of one run's recorded load (costs.json), naming the run."""
-    n_cores = costs.get("cores") or cores()
-    found = []
-    for key, when in (("load_before", "before"), ("load_after", "after")):
-        load = costs.get(key)
-        if load and (w := busy_warning(load, n_cores, f"{when} {label}")):
-            found.append(w)
-    return found
+def busy_summary(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """One warning naming every run whose recorded load (costs.json: load_before, load_after,
+    cores) exceeded the cores before or after it; None when none did."""
+    busy = []
+    for label, costs in runs:
+        n_cores = costs.get("cores") or cores()
+        before, after = costs.get("load_before"), costs.get("load_after")
+        if any(load and load[0] > n_cores for load in (before, after)):
+            said = ", ".join(
+                f"{load[0]:.1f} {when}"
+                for load, when in ((before, "before"), (after, "after"))
+                if load
+            )
+            busy.append(f"{label} ({said}, {n_cores} cores)")
+    if not busy:
+        return None
+    return (
+        f"warning: the 1-minute load exceeded the core count around {len(busy)} of {len(runs)} "
+        f"runs: {'; '.join(busy)}. Other jobs shared the machine; latencies measured then are "
+        "not the routing's alone."
+    )

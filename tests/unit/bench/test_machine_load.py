@@ -14,11 +14,21 @@ def test_a_load_above_the_cores_warns_and_one_at_or_below_does_not() -> None:
     assert warning is not None and "1-minute load 2.5 exceeds the 2 cores before x" in warning
 
 
-def test_a_runs_warnings_name_it_and_when() -> None:
-    costs = {"load_before": [0.5, 1, 1], "load_after": [6.0, 3, 1], "cores": 4}
-    (warning,) = machine_load.run_warnings(costs, "vllm-router:cache_aware run 1")
-    assert "6.0 exceeds the 4 cores after vllm-router:cache_aware run 1" in warning
-    assert machine_load.run_warnings({}, "old run") == []  # recorded before loads were
+def test_one_warning_names_every_busy_run_and_when() -> None:
+    runs = [
+        ("vllm-router:cache_aware run 0", {"load_before": [0.5, 1, 1], "load_after": [1.0, 1, 1]}),
+        ("vllm-router:cache_aware run 1", {"load_before": [0.5, 1, 1], "load_after": [6.0, 3, 1]}),
+        ("fleet-proxy:lmetric run 0", {}),  # recorded before loads were: not judged
+    ]
+    for _, costs in runs[:2]:
+        costs["cores"] = 4
+    warning = machine_load.busy_summary(runs)
+    assert warning is not None
+    assert "around 1 of 3 runs: vllm-router:cache_aware run 1 (0.5 before, 6.0 after, 4 cores)" in (
+        warning
+    )
+    assert "run 0" not in warning
+    assert machine_load.busy_summary(runs[:1]) is None
 
 
 def test_the_load_now_is_three_averages() -> None:

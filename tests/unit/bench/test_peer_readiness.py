@@ -43,7 +43,7 @@ class FakeRouter:
         router = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 router.bodies.append(body)
                 router.paths.append(self.path)
@@ -52,7 +52,7 @@ class FakeRouter:
                 else:
                     self._answer(200, {"choices": [{"text": "y"}], "model": body["model"]})
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._answer(200, {"data": [{"id": "unknown"}]})
 
             def _answer(self, status: int, body: dict[str, Any]) -> None:
