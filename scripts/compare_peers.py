@@ -585,6 +585,7 @@ def run_setting(
             endpoints = kv_event_endpoints(fleet.log) if setting.precise else {}
             text = proxy_config(setting, urls, endpoints)
             config.write_text(yaml.safe_dump(text, sort_keys=False))
+        started = time.monotonic()
         router, port = start_router(setting, urls, config, args.peers_venv, logs / tag)
         base = f"http://127.0.0.1:{port}"
         # The engines' model, not the router's list (sglang-router lists a vLLM model as
@@ -593,6 +594,7 @@ def run_setting(
         served = wait_until_serving(
             base, model, bench_api(bench_args), alive=router.alive, timeout_s=args.ready_timeout
         )
+        served_at = time.monotonic()
         if not router.alive():  # what answered was another process on its port
             raise RuntimeError(f"{setting.label} exited; see {router.log}")
         cpu_at_ready = cpu_seconds(router.popen.pid)
@@ -633,7 +635,7 @@ def run_setting(
             "load_after": load_after,
             "cores": cores(),
             "model": model,
-            "ready_s": round(served.seconds, 2),
+            "ready_s": round(served_at - started, 2),  # from the router's start
             "ready_attempts": served.attempts,
             "ready_refusals": list(served.refusals),
         }
@@ -664,7 +666,7 @@ def costs_table(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> str:
     completion."""
     rows = [
         "| setting | router CPU s per run | router CPU ms/request | sim lag % (worst engine) "
-        "| load 1-min before / after (worst run) | first completion after s (worst run) |",
+        "| load 1-min before / after (worst run) | first completion, s after start (worst run) |",
         "|---|---|---|---|---|---|",
     ]
     for label, items in runs.items():
@@ -820,8 +822,8 @@ def combine(
         "steps took than the profile says; when it is large the shared cores, not the "
         "routing, set the pace (lower --speed or the load). Load: the 1-minute load average "
         f"just before and after the replay, on {cores()} cores. First completion: how long "
-        "after its health route answered the router served a completion (each run starts "
-        "then).",
+        "after it was started the router served its first completion (each run starts then; "
+        "a router's health route may answer sooner).",
         "",
         spread_table(runs),
         "",
