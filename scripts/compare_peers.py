@@ -532,7 +532,9 @@ def run_campaign(
     return bundles, skipped
 
 
-PORT_TAKEN = "Address already in use"
+# What a router that could not bind says, in lower case: the Rust routers' "Address already
+# in use (os error 98)", uvicorn's "address already in use".
+PORT_TAKEN = "address already in use"
 
 
 def start_router(
@@ -564,7 +566,8 @@ def start_router(
             return router, port
         except RuntimeError:
             router.stop()
-            if attempt == tries or PORT_TAKEN not in router.log.read_text(errors="replace"):
+            said = router.log.read_text(errors="replace").lower()
+            if attempt == tries or PORT_TAKEN not in said:
                 raise
             attempt += 1
 
