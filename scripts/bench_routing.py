@@ -197,6 +197,25 @@ def per_run_table(bundles: dict[str, list[Path]]) -> str:
     return "\n".join(rows)
 
 
+def run_facts(bundles: dict[str, list[Path]]) -> list[dict[str, Any]]:
+    """Per run: its seed, the machine's load before and after, and the requests per engine."""
+    facts = []
+    for label, k, b in _runs(bundles):
+        load = run_load(b)
+        facts.append(
+            {
+                "setting": label,
+                "run": k,
+                "seed": orjson.loads((b / "machine.json").read_bytes()).get("seed"),
+                "load_before": load.get("load_before"),
+                "load_after": load.get("load_after"),
+                "cores": load.get("cores"),
+                "spread": spread(_run_summary(b)),
+            }
+        )
+    return facts
+
+
 def busy_runs(bundles: dict[str, list[Path]]) -> str:
     """A warning when the 1-minute load exceeded the cores around any run; else ""."""
     return busy_summary([(f"{label} run {k}", run_load(b)) for label, k, b in _runs(bundles)]) or ""
@@ -312,9 +331,8 @@ def main(argv: list[str]) -> int:
     if args.pool:
         pooled = {s.label: pooled_bundles(args.pool, s.label) for s in settings}
         precise = precise_table(pooled)
-        busy = busy_runs(pooled)
-        print(per_run_table(pooled) + "\n\n" + (busy + "\n\n" if busy else ""))
-        print(precise + "\n\n" if precise else "")
+        parts = [per_run_table(pooled), busy_runs(pooled), precise]
+        print("\n\n".join(x for x in parts if x) + "\n")
         print(all_pairs(pooled)[0])
         return 0
     cp.check_bench_args(bench_args)
@@ -347,7 +365,9 @@ def main(argv: list[str]) -> int:
         ]
     )
     (out / "routing.md").write_text(text)
-    write_json(out / "routing.json", {"pairs": pairs, "skipped": skipped})
+    write_json(
+        out / "routing.json", {"runs": run_facts(bundles), "pairs": pairs, "skipped": skipped}
+    )
     print(text)
     print(f"artifacts: {out}")
     return 0
