@@ -84,7 +84,7 @@ DEFAULT_BENCH_LINE = (
 # usable conversations and arriving as a Poisson process, at most 24 in flight.
 SHAREGPT_BENCH_LINE = (
     "--workload sharegpt --api chat --sessions 400 --sharegpt-pool 4000 --max-turns 8 "
-    "--max-context-tokens 6000 --max-output-tokens 48 --arrival poisson --rate 0.6 "
+    "--max-context-tokens 6000 --max-output-tokens 48 --arrival poisson --rate 2 "
     "--max-sessions 24 --think-time 1 --duration 60 --timeout 120 --slo ttft:2000 tpot:200"
 )
 WORKLOAD_LINES = {"chat": DEFAULT_BENCH_LINE, "sharegpt": SHAREGPT_BENCH_LINE}
