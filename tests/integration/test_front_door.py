@@ -527,8 +527,8 @@ PARTIAL_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
 
 
 async def test_full_table_of_idle_and_half_sent_connections_makes_room_for_new_ones(backend):
-    # A stream under way the whole test (40 events, 0.25 s apart): never the one closed.
-    backend.behaviour.chunks = 40
+    # A stream under way the whole test (60 events, 0.25 s apart): never the one closed.
+    backend.behaviour.chunks = 60
     backend.behaviour.chunk_delay = 0.25
     settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
     async with running_proxy(settings) as (url, app):
@@ -538,7 +538,7 @@ async def test_full_table_of_idle_and_half_sent_connections_makes_room_for_new_o
         half: list[RawClient] = []
         kept: list[httpx.AsyncClient] = []
         try:
-            body = b'{"model": "fake-model", "prompt": "hi", "max_tokens": 40, "stream": true}'
+            body = b'{"model": "fake-model", "prompt": "hi", "max_tokens": 60, "stream": true}'
             await stream.send(request("POST", "/v1/completions", body))
             assert (await stream.head_received()).status == 200
             idle += [await RawClient.connect(url) for _ in range(10)]
@@ -556,6 +556,7 @@ async def test_full_table_of_idle_and_half_sent_connections_makes_room_for_new_o
             assert refused(app, "evicted_idle") == 10
             assert refused(app, "evicted_head") == 2
             assert refused(app, "connection_limit") == 0
+            assert backend.active == 1  # the stream, still under way
             for raw in idle:  # closed without an answer: their clients sent no request
                 assert await raw.until_closed() == []
             for raw in half[:2]:
@@ -568,7 +569,7 @@ async def test_full_table_of_idle_and_half_sent_connections_makes_room_for_new_o
             # The stream was never a candidate: it ends whole.
             [streamed] = await stream.until_closed_or_complete()
             events = [e for e in streamed.body.split(b"\n\n") if e.startswith(b"data: ")]
-            assert len(events) == 41 and events[-1] == b"data: [DONE]"
+            assert len(events) == 61 and events[-1] == b"data: [DONE]"
         finally:
             for raw in [stream, *idle, *half]:
                 raw.close()
