@@ -577,6 +577,52 @@ async def test_full_table_of_idle_and_half_sent_connections_makes_room_for_new_o
                 await c.aclose()
 
 
+async def test_with_only_bodies_dribbling_the_oldest_gives_way_and_its_handler_sees_it(backend):
+    backend.behaviour.hold = asyncio.Semaphore(0)
+    settings = fast_settings(
+        [backend.url],
+        client_max_connections=4,
+        client_header_timeout=60,
+        client_body_timeout=60,
+        client_address_share=1,
+    )
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)
+        head = request("POST", "/v1/completions", b" " * 200)[:-200]
+        dribblers = []
+        for _ in range(3):
+            dribblers.append(await RawClient.connect(url))
+            await dribblers[-1].send(head + COMPLETION[:1])
+        # A request the backend holds fills the table; once it has reached the backend, the
+        # heads sent before it have been read.
+        [held] = await held_requests(url, 1)
+        newcomer = None
+        try:
+            await eventually(lambda: backend.active == 1)
+            newcomer = await RawClient.connect(url)
+            await newcomer.send(request("GET", "/health"))
+            assert (await newcomer.response()).status == 200
+            [r] = await dribblers[0].until_closed()
+            assert r.status == 503 and "to make room" in r.error()["message"]
+            assert refused(app, "evicted_body") == 1
+            assert not any(raw.answered_or_closed() for raw in [*dribblers[1:], held])
+            # The handler reading that body was told of the disconnect.
+            await eventually(
+                lambda: (
+                    app.core.prom.get_sample_value(
+                        "fleet_proxy_requests_total",
+                        {"endpoint": "completions", "model": "unknown", "status": "499"},
+                    )
+                    == 1
+                )
+            )
+            backend.behaviour.hold.release()
+            assert (await held.response()).status == 200
+        finally:
+            for raw in [*dribblers, held, *([newcomer] if newcomer else [])]:
+                raw.close()
+
+
 async def test_an_address_over_its_share_gives_way_first_and_only_to_itself(backend):
     # 20 connections, 10 an address: 127.0.0.2's are older, 127.0.0.1 holds more.
     settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
