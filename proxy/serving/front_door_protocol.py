@@ -272,7 +272,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
             if not self._idle():
                 return DoorState.BUSY
             return DoorState.HEAD if self._head_bytes else DoorState.IDLE
-        if self.cycle.response_started:
+        if self.cycle.response_started or self.pipeline:
+            # Answering it, or an earlier request (it waits, pipelined, behind that one).
             return DoorState.BUSY
         return DoorState.BODY
 

@@ -623,6 +623,35 @@ async def test_with_only_bodies_dribbling_the_oldest_gives_way_and_its_handler_s
                 raw.close()
 
 
+async def test_a_body_pipelined_behind_a_request_being_served_is_not_closed(backend):
+    backend.behaviour.hold = asyncio.Semaphore(0)
+    settings = fast_settings(
+        [backend.url], client_max_connections=1, client_header_timeout=60, client_body_timeout=60
+    )
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)
+        raw = await RawClient.connect(url)
+        extra = None
+        try:
+            # A request the backend holds, and the next one's head and part of its body.
+            pipelined = request("POST", "/v1/completions", COMPLETION)
+            await raw.send(request("POST", "/v1/completions", COMPLETION) + pipelined[:-10])
+            await eventually(lambda: backend.active == 1)
+            extra = await RawClient.connect(url)
+            [r] = await extra.until_closed()
+            assert r.status == 503 and refused(app, "connection_limit") == 1
+            assert not raw.answered_or_closed()
+            backend.behaviour.hold.release()
+            backend.behaviour.hold.release()
+            assert (await raw.response()).status == 200
+            await raw.send(pipelined[-10:])
+            assert (await raw.response()).status == 200
+        finally:
+            raw.close()
+            if extra is not None:
+                extra.close()
+
+
 async def test_an_address_over_its_share_gives_way_first_and_only_to_itself(backend):
     # 20 connections, 10 an address: 127.0.0.2's are older, 127.0.0.1 holds more.
     settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
