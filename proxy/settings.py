@@ -340,7 +340,20 @@ class Settings(BaseSettings):
 
     # The client-facing HTTP server's limits (proxy/serving/front_door.py, docs/reliability.md).
     client_max_connections: int = Field(
-        8192, ge=1, description="open client connections per serving process; more get 503"
+        8192,
+        ge=1,
+        description="open client connections per serving process; when they are all open, a "
+        "new one takes the place of the one waiting longest for its request (sent nothing or "
+        "part of its headers; else dribbling its body), or gets 503 when every one is busy",
+    )
+    client_address_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="share of client_max_connections one client address may hold before, with "
+        "the table full, its waiting connections are the first closed and its new ones may "
+        "take the place only of its own (else 503)",
     )
     client_max_header_count: int = Field(
         100, ge=1, description="headers in one request; more get 431"

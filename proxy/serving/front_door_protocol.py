@@ -11,7 +11,10 @@ for as long as it likes, or open sockets until the process runs out of file desc
   of the headers, and a body timeout from there to the end of the body: 408;
 - a cap on the bytes after a request's headers (body, chunked framing, trailers) on every
   route, at twice `max_body_bytes` plus `client_max_header_bytes`: 413;
-- a cap on open connections per serving process: one over it gets 503 at once and is closed;
+- a cap on open connections per serving process: when the table is full, a new connection
+  takes the place of one that is waiting (sent nothing or part of its headers, oldest first;
+  else one dribbling its body), per proxy/serving/connection_table.py; with none to close it
+  gets 503 at once and is closed;
 - parser errors answered 400;
 all in the OpenAI error shape, each closing the connection and counted by `FrontDoorStats`
 (proxy/serving/refusal_stats.py).
@@ -31,9 +34,11 @@ from typing import Any, ClassVar, cast
 import httptools
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.server import ServerState
 
 from proxy.errors import ProxyError
+from proxy.serving.connection_table import ConnectionTable, DoorState
 from proxy.serving.refusal_stats import FrontDoorStats
 from proxy.settings import Settings
 
@@ -55,11 +60,13 @@ class FrontDoorLimits:
     header_timeout: float
     body_timeout: float
     keep_alive_timeout: float
+    address_share: float = 0.5
 
     @classmethod
     def from_settings(cls, s: Settings) -> FrontDoorLimits:
         return cls(
             max_connections=s.client_max_connections,
+            address_share=s.client_address_share,
             max_header_count=s.client_max_header_count,
             max_header_bytes=s.client_max_header_bytes,
             max_body_bytes=s.max_body_bytes,
@@ -85,6 +92,8 @@ class DoorRules:
     header_too_large: str
     body_too_large: str
     busy: str
+    address_busy: str
+    evicted: str
 
     @classmethod
     def from_limits(cls, limits: FrontDoorLimits) -> DoorRules:
@@ -111,6 +120,16 @@ class DoorRules:
             busy=(
                 f"this server has {limits.max_connections} open connections, its limit; "
                 "retry on a new connection shortly"
+            ),
+            address_busy=(
+                f"this server has {limits.max_connections} open connections, its limit, and "
+                f"this client address holds its share of them ({limits.address_share:g}), all "
+                "busy; retry on a new connection shortly"
+            ),
+            evicted=(
+                f"this server has {limits.max_connections} open connections, its limit, and "
+                "closed this one, whose request was the slowest to arrive, to make room; "
+                "retry on a new connection"
             ),
         )
 
@@ -157,7 +176,11 @@ class _Refusal(Exception):
 def front_door_protocol(limits: FrontDoorLimits, stats: FrontDoorStats) -> type[FrontDoorProtocol]:
     """The protocol class for one server with `limits`, its refusals counted in `stats`; pass
     it as `uvicorn.Config(http=...)`, which builds one per connection."""
-    attributes = {"_rules": DoorRules.from_limits(limits), "_stats": stats}
+    attributes = {
+        "_rules": DoorRules.from_limits(limits),
+        "_stats": stats,
+        "_table": ConnectionTable(limits.max_connections, limits.address_share),
+    }
     return cast(
         type[FrontDoorProtocol], type("FrontDoorProtocol", (FrontDoorProtocol,), attributes)
     )
@@ -169,6 +192,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     _rules: ClassVar[DoorRules]
     _stats: ClassVar[FrontDoorStats]
+    _table: ClassVar[ConnectionTable[FrontDoorProtocol]]
 
     def __init__(
         self,
@@ -197,6 +221,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._stopped = False  # refused: what else arrives is ignored
         self._deferred: bytes | None = None  # a refusal waiting for an earlier response
+        self._address: str | None = None  # the client's, once in the table
 
     # --- connection ---
 
@@ -204,28 +229,68 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self, transport: asyncio.Transport
     ) -> None:
         rules = self._rules
+        table = self._table
         if len(self.connections) >= rules.max_connections:
-            # Refused before anything is set up: the descriptor is freed at once.
-            self.transport = transport
-            self._stopped = True
-            transport.write(
-                error_response(
-                    503,
-                    rules.busy,
-                    type="service_unavailable",
-                    default_headers=self.server_state.default_headers,
-                    extra_headers=[(b"retry-after", b"1")],
+            peer = get_remote_addr(transport)
+            address = peer[0] if peer else ""
+            if not table.make_room(address):
+                # Refused before anything is set up: the descriptor is freed at once.
+                self.transport = transport
+                self._stopped = True
+                transport.write(
+                    error_response(
+                        503,
+                        rules.address_busy
+                        if table.held_by(address) >= table.address_cap
+                        else rules.busy,
+                        type="service_unavailable",
+                        default_headers=self.server_state.default_headers,
+                        extra_headers=[(b"retry-after", b"1")],
+                    )
                 )
-            )
-            transport.close()
-            self._stats.refused("connection_limit")
-            return
+                transport.close()
+                self._stats.refused("connection_limit")
+                return
         super().connection_made(transport)
+        client = self.client
+        self._address = client[0] if client else ""
+        table.opened(self, self._address)
         self._head_timer = self.loop.call_later(rules.header_timeout, self._header_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        if self._address is not None:
+            self._table.closed(self, self._address)
         super().connection_lost(exc)
+
+    # --- room in a full table (ConnectionTable) ---
+
+    def door_state(self) -> DoorState:
+        if self._stopped or self.transport.is_closing():
+            return DoorState.GONE
+        if self._reading_head:
+            if not self._idle():
+                return DoorState.BUSY
+            return DoorState.HEAD if self._head_bytes else DoorState.IDLE
+        if self.cycle.response_started or self.pipeline:
+            # Answering it, or an earlier request (it waits, pipelined, behind that one).
+            return DoorState.BUSY
+        return DoorState.BODY
+
+    def wait_mark(self) -> object:
+        return self.cycle
+
+    def evict(self, state: DoorState) -> None:
+        self._refuse(
+            503,
+            f"evicted_{state.value}",
+            self._rules.evicted,
+            # As on a header timeout: an answer on a connection that has sent nothing would
+            # be taken for the answer to the request its client is about to send.
+            answer=state is not DoorState.IDLE,
+            error_type="service_unavailable",
+            extra_headers=[(b"retry-after", b"1")],
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._stopped:
@@ -312,12 +377,27 @@ class FrontDoorProtocol(HttpToolsProtocol):
         """No response is being sent or waiting to be (the newest request is answered)."""
         return self.cycle is None or self.cycle.response_complete
 
-    def _refuse(self, status: int, reason: str, message: str, *, answer: bool = True) -> None:
+    def _refuse(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        answer: bool = True,
+        error_type: str = "invalid_request_error",
+        extra_headers: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
         self._stopped = True
         self._cancel_timers()
         self._stats.refused(reason)
         response = (
-            error_response(status, message, default_headers=self.server_state.default_headers)
+            error_response(
+                status,
+                message,
+                type=error_type,
+                default_headers=self.server_state.default_headers,
+                extra_headers=extra_headers,
+            )
             if answer
             else b""
         )

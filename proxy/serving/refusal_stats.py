@@ -27,6 +27,11 @@ REASONS = (
     "body_too_large",
     "connection_limit",
     "bad_request",
+    # Closed to make room in a full connection table (proxy/serving/connection_table.py),
+    # by what the connection had sent of its request.
+    "evicted_idle",
+    "evicted_head",
+    "evicted_body",
 )
 
 

@@ -3,9 +3,11 @@ uvicorn's own httptools protocol it extends, without sockets or a load generator
 
 One keep-alive connection on a transport that discards what it is given, a request that
 arrives in one read, an ASGI app that answers at once: what is left is the protocol's own
-work (parse, cycle, task, response). Rounds alternate the two classes; medians are printed.
+work (parse, cycle, task, response). With --fresh-connections each request has a connection
+of its own (opened, the request, closed), which adds the per-connection work. Rounds
+alternate the two classes; medians are printed.
 
-    python scripts/perf/bench_front_door.py [--requests 30000] [--rounds 7]
+    python scripts/perf/bench_front_door.py [--requests 30000] [--rounds 7] [--fresh-connections]
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class NullTransport(asyncio.Transport):
         pass
 
 
-async def per_request_us(protocol: type[asyncio.Protocol], requests: int) -> float:
+async def per_request_us(
+    protocol: type[asyncio.Protocol], requests: int, fresh_connections: bool = False
+) -> float:
     answered = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -70,12 +74,21 @@ async def per_request_us(protocol: type[asyncio.Protocol], requests: int) -> flo
 
     config = Config(app, http=protocol, lifespan="off", log_level="warning")
     config.load()
-    conn = config.http_protocol_class(  # type: ignore[call-arg]
-        config=config, server_state=ServerState(), app_state={}
-    )
-    conn.connection_made(NullTransport())
+    state = ServerState()
+
+    def connect() -> Any:
+        conn = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=state, app_state={}
+        )
+        conn.connection_made(NullTransport())
+        return conn
+
+    conn = connect()
     started = time.process_time()
     for _ in range(requests):
+        if fresh_connections:
+            conn.connection_lost(None)
+            conn = connect()
         answered.clear()
         conn.data_received(REQUEST)
         await answered.wait()
@@ -84,7 +97,7 @@ async def per_request_us(protocol: type[asyncio.Protocol], requests: int) -> flo
     return 1e6 * elapsed / requests
 
 
-async def run(requests: int, rounds: int) -> None:
+async def run(requests: int, rounds: int, fresh_connections: bool) -> None:
     front_door = front_door_protocol(
         FrontDoorLimits.from_settings(load_settings()), FrontDoorStats(None)
     )
@@ -96,7 +109,7 @@ async def run(requests: int, rounds: int) -> None:
     gc.disable()
     for _ in range(rounds):
         for name, cls in classes.items():
-            times[name].append(await per_request_us(cls, requests))
+            times[name].append(await per_request_us(cls, requests, fresh_connections))
     for name, values in times.items():
         print(
             f"{name:>17}: median {statistics.median(values):.2f} us/request "
@@ -108,8 +121,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--requests", type=int, default=30000, help="requests per round and class")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument(
+        "--fresh-connections", action="store_true", help="a connection of its own per request"
+    )
     args = p.parse_args()
-    uvloop.run(run(args.requests, args.rounds))
+    uvloop.run(run(args.requests, args.rounds, args.fresh_connections))
     return 0
 
 

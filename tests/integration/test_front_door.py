@@ -53,16 +53,42 @@ class RawClient:
         self._taken = 0
 
     @classmethod
-    async def connect(cls, url: str) -> RawClient:
+    async def connect(cls, url: str, source: str | None = None) -> RawClient:
+        """A connection to `url`, from the loopback address `source` when given."""
         host, port = url.removeprefix("http://").split(":")
         sock = socket.socket()
         sock.setblocking(False)
+        if source is not None:
+            sock.bind((source, 0))
         await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
         return cls(sock)
+
+    def answered_or_closed(self) -> bool:
+        """Whether the server has sent something or closed the connection, without waiting."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except ConnectionResetError:
+            pass
+        return True
+
+    async def head_received(self, within: float = 10.0) -> Response:
+        """The head of the next response, its body perhaps still to come."""
+
+        async def read() -> None:
+            while not self._current.status and not self.closed:
+                await self._read_once()
+
+        await asyncio.wait_for(read(), within)
+        return self._current
 
     # httptools callbacks
     def on_message_begin(self) -> None:
         self._current = Response()
+
+    def on_headers_complete(self) -> None:
+        self._current.status = self.parser.get_status_code()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._current.headers[name.decode().lower()] = value.decode()
@@ -99,6 +125,16 @@ class RawClient:
         assert len(self.responses) >= want, "connection closed before a response"
         self._taken = want
         return self.responses[want - 1]
+
+    async def until_closed_or_complete(self, within: float = 30.0) -> list[Response]:
+        """Every response until the first is complete or the server closes the connection."""
+
+        async def read() -> None:
+            while not self.responses and not self.closed:
+                await self._read_once()
+
+        await asyncio.wait_for(read(), within)
+        return self.responses
 
     async def until_closed(self, within: float = 10.0) -> list[Response]:
         """Every response until the server closes the connection."""
@@ -432,14 +468,25 @@ async def test_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout
         assert all(refused(app, reason) == 0 for reason in ("header_timeout", "body_timeout"))
 
 
-async def test_connection_over_the_cap_gets_503_at_once(backend):
-    settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
+async def held_requests(url: str, n: int, source: str | None = None) -> list[RawClient]:
+    """`n` connections, each with a completion the backend holds (its `hold`): busy."""
+    clients = [await RawClient.connect(url, source) for _ in range(n)]
+    for raw in clients:
+        await raw.send(request("POST", "/v1/completions", COMPLETION))
+    return clients
+
+
+async def test_connection_over_the_cap_with_every_request_busy_gets_503_at_once(backend):
+    backend.behaviour.hold = asyncio.Semaphore(0)
+    settings = fast_settings(
+        [backend.url], client_max_connections=20, client_header_timeout=60, client_address_share=1
+    )
     async with running_proxy(settings) as (url, app):
         await eventually(lambda: open_connections(app) == 0)  # the readiness poll's connection
-        idle = [await RawClient.connect(url) for _ in range(20)]
+        held = await held_requests(url, 20)
         extra = None
         try:
-            await eventually(lambda: open_connections(app) == 20)
+            await eventually(lambda: backend.active == 20)
             extra = await RawClient.connect(url)
             started = time.monotonic()
             [r] = await extra.until_closed()
@@ -452,8 +499,13 @@ async def test_connection_over_the_cap_gets_503_at_once(backend):
             assert "20 open connections" in err["message"]
             assert open_connections(app) == 20
             assert refused(app, "connection_limit") == 1
-            # Room again once one closes: an ordinary client is served, /metrics says so.
-            idle.pop().close()
+            assert not any(raw.answered_or_closed() for raw in held)  # none closed for it
+            # Room again once one is answered and closes: an ordinary client is served,
+            # /metrics says so.
+            for _ in range(21):
+                backend.behaviour.hold.release()
+            assert (await held[0].response()).status == 200
+            held.pop(0).close()
             await eventually(lambda: open_connections(app) == 19)
             async with httpx.AsyncClient(base_url=url) as c:
                 r2 = await c.post("/v1/completions", content=COMPLETION)
@@ -465,10 +517,194 @@ async def test_connection_over_the_cap_gets_503_at_once(backend):
             )
             assert "fleet_proxy_client_connections 20.0" in text
         finally:
-            for raw in idle:
+            for raw in held:
                 raw.close()
             if extra is not None:
                 extra.close()
+
+
+PARTIAL_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+
+
+async def test_full_table_of_idle_and_half_sent_connections_makes_room_for_new_ones(backend):
+    # A stream under way the whole test (60 events, 0.25 s apart): never the one closed.
+    backend.behaviour.chunks = 60
+    backend.behaviour.chunk_delay = 0.25
+    settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)  # the readiness poll's connection
+        stream = await RawClient.connect(url)
+        idle: list[RawClient] = []
+        half: list[RawClient] = []
+        kept: list[httpx.AsyncClient] = []
+        try:
+            body = b'{"model": "fake-model", "prompt": "hi", "max_tokens": 60, "stream": true}'
+            await stream.send(request("POST", "/v1/completions", body))
+            assert (await stream.head_received()).status == 200
+            idle += [await RawClient.connect(url) for _ in range(10)]
+            for _ in range(9):
+                half.append(await RawClient.connect(url))
+                await half[-1].send(PARTIAL_HEAD)
+            await eventually(lambda: open_connections(app) == 20)
+            # New clients, each keeping its connection: each takes the place of the one
+            # waiting longest, the idle ones first, then the half-sent.
+            for _ in range(12):
+                c = httpx.AsyncClient(base_url=url)
+                kept.append(c)
+                r = await c.post("/v1/completions", content=COMPLETION)
+                assert r.status_code == 200, r.text
+            assert refused(app, "evicted_idle") == 10
+            assert refused(app, "evicted_head") == 2
+            assert refused(app, "connection_limit") == 0
+            assert backend.active == 1  # the stream, still under way
+            for raw in idle:  # closed without an answer: their clients sent no request
+                assert await raw.until_closed() == []
+            for raw in half[:2]:
+                [r503] = await raw.until_closed()
+                assert r503.status == 503 and r503.headers["retry-after"] == "1"
+                err = r503.error()
+                assert err["type"] == "service_unavailable"
+                assert "to make room" in err["message"]
+            assert not any(raw.answered_or_closed() for raw in half[2:])
+            # The stream was never a candidate: it ends whole.
+            [streamed] = await stream.until_closed_or_complete()
+            events = [e for e in streamed.body.split(b"\n\n") if e.startswith(b"data: ")]
+            assert len(events) == 61 and events[-1] == b"data: [DONE]"
+        finally:
+            for raw in [stream, *idle, *half]:
+                raw.close()
+            for c in kept:
+                await c.aclose()
+
+
+async def test_with_only_bodies_dribbling_the_oldest_gives_way_and_its_handler_sees_it(backend):
+    backend.behaviour.hold = asyncio.Semaphore(0)
+    settings = fast_settings(
+        [backend.url],
+        client_max_connections=4,
+        client_header_timeout=60,
+        client_body_timeout=60,
+        client_address_share=1,
+    )
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)
+        head = request("POST", "/v1/completions", b" " * 200)[:-200]
+        dribblers = []
+        for _ in range(3):
+            dribblers.append(await RawClient.connect(url))
+            await dribblers[-1].send(head + COMPLETION[:1])
+        # A request the backend holds fills the table; once it has reached the backend, the
+        # heads sent before it have been read.
+        [held] = await held_requests(url, 1)
+        newcomer = None
+        try:
+            await eventually(lambda: backend.active == 1)
+            newcomer = await RawClient.connect(url)
+            await newcomer.send(request("GET", "/health"))
+            assert (await newcomer.response()).status == 200
+            [r] = await dribblers[0].until_closed()
+            assert r.status == 503 and "to make room" in r.error()["message"]
+            assert refused(app, "evicted_body") == 1
+            assert not any(raw.answered_or_closed() for raw in [*dribblers[1:], held])
+            # The handler reading that body was told of the disconnect.
+            await eventually(
+                lambda: (
+                    app.core.prom.get_sample_value(
+                        "fleet_proxy_requests_total",
+                        {"endpoint": "completions", "model": "unknown", "status": "499"},
+                    )
+                    == 1
+                )
+            )
+            backend.behaviour.hold.release()
+            assert (await held.response()).status == 200
+        finally:
+            for raw in [*dribblers, held, *([newcomer] if newcomer else [])]:
+                raw.close()
+
+
+async def test_a_body_pipelined_behind_a_request_being_served_is_not_closed(backend):
+    backend.behaviour.hold = asyncio.Semaphore(0)
+    settings = fast_settings(
+        [backend.url], client_max_connections=1, client_header_timeout=60, client_body_timeout=60
+    )
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)
+        raw = await RawClient.connect(url)
+        extra = None
+        try:
+            # A request the backend holds, and the next one's head and part of its body.
+            pipelined = request("POST", "/v1/completions", COMPLETION)
+            await raw.send(request("POST", "/v1/completions", COMPLETION) + pipelined[:-10])
+            await eventually(lambda: backend.active == 1)
+            extra = await RawClient.connect(url)
+            [r] = await extra.until_closed()
+            assert r.status == 503 and refused(app, "connection_limit") == 1
+            assert not raw.answered_or_closed()
+            backend.behaviour.hold.release()
+            backend.behaviour.hold.release()
+            assert (await raw.response()).status == 200
+            await raw.send(pipelined[-10:])
+            assert (await raw.response()).status == 200
+        finally:
+            raw.close()
+            if extra is not None:
+                extra.close()
+
+
+async def test_an_address_over_its_share_gives_way_first_and_only_to_itself(backend):
+    # 20 connections, 10 an address: 127.0.0.2's are older, 127.0.0.1 holds more.
+    settings = fast_settings([backend.url], client_max_connections=20, client_header_timeout=60)
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)
+        older = [await RawClient.connect(url, "127.0.0.2") for _ in range(5)]
+        crowd = [await RawClient.connect(url, "127.0.0.1") for _ in range(15)]
+        newcomers: list[RawClient] = []
+        try:
+            await eventually(lambda: open_connections(app) == 20)
+            for source in ("127.0.0.3", "127.0.0.1", "127.0.0.2"):
+                raw = await RawClient.connect(url, source)
+                newcomers.append(raw)
+                await raw.send(request("GET", "/health"))
+                assert (await raw.response()).status == 200
+            # Each took the place of the crowding address's oldest, not of older ones.
+            for raw in crowd[:3]:
+                assert await raw.until_closed() == []
+            assert not any(raw.answered_or_closed() for raw in older + crowd[3:])
+            assert refused(app, "evicted_idle") == 3
+        finally:
+            for raw in older + crowd + newcomers:
+                raw.close()
+
+
+async def test_an_address_over_its_share_with_every_request_busy_is_refused(backend):
+    backend.behaviour.hold = asyncio.Semaphore(0)
+    settings = fast_settings([backend.url], client_max_connections=4, client_header_timeout=60)
+    async with running_proxy(settings) as (url, app):
+        await eventually(lambda: open_connections(app) == 0)
+        held = await held_requests(url, 2, "127.0.0.1")  # its share: 2 of 4
+        others = [await RawClient.connect(url, "127.0.0.2") for _ in range(2)]
+        extra = []
+        try:
+            await eventually(lambda: backend.active == 2)
+            await eventually(lambda: open_connections(app) == 4)
+            extra.append(await RawClient.connect(url, "127.0.0.1"))
+            [r] = await extra[-1].until_closed()
+            assert r.status == 503
+            assert "this client address holds its share" in r.error()["message"]
+            assert not any(raw.answered_or_closed() for raw in others)
+            assert refused(app, "connection_limit") == 1
+            # Another address may still take a waiting connection's place.
+            extra.append(await RawClient.connect(url, "127.0.0.3"))
+            await extra[-1].send(request("GET", "/health"))
+            assert (await extra[-1].response()).status == 200
+            assert await others[0].until_closed() == []
+            for _ in range(2):
+                backend.behaviour.hold.release()
+            assert [(await raw.response()).status for raw in held] == [200, 200]
+        finally:
+            for raw in held + others + extra:
+                raw.close()
 
 
 @pytest.mark.parametrize(

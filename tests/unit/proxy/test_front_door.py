@@ -35,9 +35,12 @@ def test_defaults_and_bounds() -> None:
         header_timeout=10.0,
         body_timeout=30.0,
         keep_alive_timeout=60.0,
+        address_share=0.5,
     )
     for bad in (
         {"client_max_connections": 0},
+        {"client_address_share": 0},
+        {"client_address_share": 1.5},
         {"client_max_header_count": 0},
         {"client_max_header_bytes": 100},
         {"client_header_timeout": 0},
