@@ -24,7 +24,7 @@ class BodyBudget:
         self.wait_s = wait_s
         self.held = 0
         # Requests waiting for room, in arrival order: (bytes wanted, resolved once taken).
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[int, asyncio.Future[bool]]] = deque()
 
     def take_now(self, n: int) -> bool:
         """Take `n` bytes if they fit and nobody waits before us."""
@@ -39,39 +39,50 @@ class BodyBudget:
             return True
         if n > self.limit or self.wait_s <= 0:
             return False
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        # Resolved True once the bytes are taken for us, False when the wait ran out.
+        waiter: asyncio.Future[bool] = loop.create_future()
         entry = (n, waiter)
         self._waiters.append(entry)
+        expiry = loop.call_later(self.wait_s, self._expire, entry)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.wait_s)
-        except TimeoutError:
-            pass
+            return await waiter
         except BaseException:
-            if self._leave(entry):
+            if waiter.done() and not waiter.cancelled() and waiter.result():
                 self.release(n)  # cancelled just as room came: it goes to the next in line
+            else:
+                self._leave(entry)
             raise
-        return self._leave(entry)
-
-    def _leave(self, entry: tuple[int, asyncio.Future[None]]) -> bool:
-        """Stop waiting; True when the bytes were taken for us meanwhile."""
-        if entry[1].done():
-            return True
-        self._waiters.remove(entry)
-        self._wake()  # a big request leaving the head of the line may let smaller ones in
-        return False
+        finally:
+            expiry.cancel()
 
     def release(self, n: int) -> None:
         self.held -= n
         if self._waiters:
             self._wake()
 
+    def _expire(self, entry: tuple[int, asyncio.Future[bool]]) -> None:
+        if not entry[1].done():
+            self._leave(entry)
+            entry[1].set_result(False)
+
+    def _leave(self, entry: tuple[int, asyncio.Future[bool]]) -> None:
+        try:
+            self._waiters.remove(entry)
+        except ValueError:
+            return
+        self._wake()  # a big request leaving the head of the line may let smaller ones in
+
     def _wake(self) -> None:
         """Give room to the waiters at the head of the line, in order, while they fit."""
         waiters = self._waiters
         while waiters:
             n, waiter = waiters[0]
+            if waiter.done():  # cancelled, about to leave
+                waiters.popleft()
+                continue
             if self.held + n > self.limit:
                 return
             waiters.popleft()
             self.held += n
-            waiter.set_result(None)
+            waiter.set_result(True)
