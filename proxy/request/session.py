@@ -328,7 +328,7 @@ class RequestSession:
                 self._core.health, self.ctx.request_id, e, len(self.tried),
                 time.perf_counter() - self.arrived,
             )  # fmt: skip
-        return self._stop_after(failed, stage)
+        return self._stop_after(failed, stage, str(e))
 
     def note_break(
         self, backend: Backend, kind: FailureKind, detail: str, had_output: bool
@@ -342,9 +342,9 @@ class RequestSession:
             report_suspect(self._core.health, self.ctx.request_id, backend, kind, detail)
         else:
             self._core.health.failed_mid_stream(backend, kind, detail)
-        return self._stop_after(failed, "continuation") is not None
+        return self._stop_after(failed, "continuation", f"{backend.id}: {detail}") is not None
 
-    def _stop_after(self, failed: int, stage: str) -> ProxyError | None:
+    def _stop_after(self, failed: int, stage: str, last: str) -> ProxyError | None:
         limit = self._settings.max_backends_failed_in_a_row
         if not limit or failed < limit:
             return None
@@ -353,7 +353,7 @@ class RequestSession:
             "request %s: %d backends failed under it in a row; not sent to another",
             self.ctx.request_id, failed,
         )  # fmt: skip
-        self.stopped = failed_in_a_row_error(failed)
+        self.stopped = failed_in_a_row_error(failed, last if self._settings.error_details else None)
         return self.stopped
 
     # --- the request's life

@@ -56,13 +56,19 @@ def failed_in_a_row(before: int, kind: FailureKind, status: int | None) -> int:
     return before + 1
 
 
-def failed_in_a_row_error(failed: int) -> ProxyError:
-    """The answer to a request stopped after making `failed` backends fail in a row."""
-    return ProxyError(
-        502,
+def failed_in_a_row_error(failed: int, last: str | None) -> ProxyError:
+    """The answer to a request stopped after making `failed` backends fail in a row; `last`:
+    the last failure, named when error_details allows."""
+    message = (
         f"the request failed on {failed} backends in a row (a timeout, a dropped connection or "
         "a 5xx answer on each) and was not sent to another: it may be what makes them fail "
-        "(max_backends_failed_in_a_row)",
+        "(max_backends_failed_in_a_row)"
+    )
+    if last is not None:
+        message += f"; last error: {last}"
+    return ProxyError(
+        502,
+        message,
         type="upstream_error",
         code=502,
     )

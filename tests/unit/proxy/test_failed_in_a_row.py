@@ -21,7 +21,9 @@ def test_a_backend_down_or_full_before_it_saw_the_request_leaves_the_run_as_it_w
 
 
 def test_the_error_is_openai_shaped_and_says_why() -> None:
-    e = failed_in_a_row_error(2)
+    e = failed_in_a_row_error(2, None)
     assert e.status == 502
     assert e.type == "upstream_error"
     assert "2 backends in a row" in e.message
+    assert "b1" not in e.message
+    assert failed_in_a_row_error(2, "b1: reset").message.endswith("; last error: b1: reset")
