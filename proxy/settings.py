@@ -260,10 +260,11 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
     # Bodies in flight across the serving process: without a total, a few hundred bodies
-    # under max_body_bytes each exhaust the machine (each costs about twice its size in memory
-    # once parsed). 256 MiB holds 25 bodies at the cap at once, thousands of ordinary ones.
+    # under max_body_bytes each exhaust the machine. A body costs about three times its size
+    # in memory while its request runs (read, parsed, sent on): 128 MiB holds 12 bodies at the
+    # cap at once (about 400 MB of memory), thousands of ordinary ones.
     max_body_bytes_in_flight: int = Field(
-        256 * 1024 * 1024,
+        128 * 1024 * 1024,
         gt=0,
         description="request-body bytes a serving process holds at once; past it a request "
         "waits up to body_bytes_wait, then gets 503",

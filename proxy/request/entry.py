@@ -263,7 +263,8 @@ class Forwarder:
             taken = int(declared)
             if taken > limit:
                 raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
-            if not await bodies.take(taken):
+            # The wait's coroutine only when there is no room at once.
+            if not bodies.take_now(taken) and not await bodies.take(taken):
                 raise self._no_room_for(taken)
         chunks: list[bytes] = []
         size = 0
@@ -296,8 +297,8 @@ class Forwarder:
         bodies = self._bodies
         return ProxyError(
             503,
-            f"the proxy holds {bodies.held} bytes of request bodies and this one needs {size} "
-            f"more than its max_body_bytes_in_flight ({bodies.limit}) allows; retry shortly",
+            f"the proxy holds {bodies.held} bytes of request bodies; this one's {size} would "
+            f"pass its max_body_bytes_in_flight ({bodies.limit}); retry shortly",
             type="service_unavailable",
             code=503,
             headers=[(b"retry-after", b"1")],

@@ -333,10 +333,14 @@ class RequestSession:
     def note_break(
         self, backend: Backend, kind: FailureKind, detail: str, had_output: bool
     ) -> bool:
-        """Report a leg whose stream broke or stalled; `had_output`: the leg had sent its client
-        output first, which shows the request can be served, so the run starts again at this
-        failure. True when the request must stop here (`stopped` says why)."""
-        before = 0 if had_output else self._failed_in_row
+        """Report a leg whose stream broke or stalled; True when the request must stop here
+        (`stopped` says why). A leg that had sent its client output shows the request can be
+        served: its failure is the backend's, and the run starts again."""
+        if had_output:
+            self._failed_in_row = 0
+            self._core.health.failed_mid_stream(backend, kind, detail)
+            return False
+        before = self._failed_in_row
         failed = self._failed_in_row = before + 1
         if before:
             report_suspect(self._core.health, self.ctx.request_id, backend, kind, detail)
