@@ -68,10 +68,10 @@ def memory_kb(pid: int, field: str) -> int:
 async def run(args: argparse.Namespace, root: Path) -> None:
     backend_port, proxy_port = free_ports(1)
     cmd = [
-        sys.executable, "-m", "proxy.serving.cli", "serve", "--port", str(proxy_port),
+        sys.executable, "-P", "-m", "proxy.serving.cli", "serve", "--port", str(proxy_port),
         "--backend", f"http://127.0.0.1:{backend_port}", "--log-level", "warning",
     ]  # fmt: skip
-    env = {"PYTHONPATH": str(root)}
+    env = {"PYTHONPATH": str(root)}  # with -P: the proxy's code is --root's, not this checkout's
     logs = Path(tempfile.mkdtemp(prefix="body-pressure-"))
     slow = [
         sys.executable,
@@ -108,12 +108,15 @@ async def run(args: argparse.Namespace, root: Path) -> None:
 
         url = f"http://127.0.0.1:{proxy_port}/v1/completions"
         timeout = aiohttp.ClientTimeout(total=120)
+        said: dict[int, str] = {}
         async with aiohttp.ClientSession(timeout=timeout) as session:
 
             async def send(body: bytes) -> int:
                 headers = {"content-type": "application/json"}
                 async with session.post(url, data=body, headers=headers) as r:
-                    await r.read()
+                    answer = await r.read()
+                    if r.status != 200:  # the first error message by status
+                        said.setdefault(r.status, answer[:300].decode("utf-8", "replace"))
                     return r.status
 
             sampler = asyncio.create_task(sample())
@@ -128,6 +131,8 @@ async def run(args: argparse.Namespace, root: Path) -> None:
     print(
         f"{args.requests} requests of {args.body_mb} MB in {took:.1f} s: {dict(Counter(statuses))}"
     )
+    for status, message in sorted(said.items()):
+        print(f"  {status}: {message}")
     print(
         f"proxy RSS: {before / 1024:.0f} MB before, {max(peak, hwm) / 1024:.0f} MB peak, "
         f"{after / 1024:.0f} MB after"
