@@ -162,6 +162,24 @@ class RouterMetrics:
             "Client connections open to this serving process",
             registry=registry,
         )
+        self.body_bytes_in_flight = Gauge(
+            "fleet_proxy_body_bytes_in_flight",
+            "Request-body bytes this serving process holds (max_body_bytes_in_flight bounds it)",
+            registry=registry,
+        )
+        self.body_budget_refusals = Counter(
+            "fleet_proxy_body_budget_refusals",
+            "Requests answered 503 because their body found no room under "
+            "max_body_bytes_in_flight in time",
+            registry=registry,
+        )
+        self.failed_in_a_row = Counter(
+            "fleet_proxy_requests_failed_in_a_row",
+            "Requests stopped after making max_backends_failed_in_a_row backends fail one "
+            "after another, by stage: first (before the answer), continuation (mid-stream)",
+            ["stage"],
+            registry=registry,
+        )
         # labels() locks and hashes on every call: keep the bound children.
         self._request_children: dict[tuple[str, int, str], Callable[[], None]] = {}
         self._ttft_children: dict[tuple[str, str], Callable[[float], None]] = {}

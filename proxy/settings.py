@@ -259,6 +259,25 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of the fleet ejected at once (at least one)"
     )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    # Bodies in flight across the serving process: without a total, a few hundred bodies
+    # under max_body_bytes each exhaust the machine. A body costs about three times its size
+    # in memory while its request runs (read, parsed, sent on): 128 MiB holds 12 bodies at the
+    # cap at once (about 400 MB of memory), thousands of ordinary ones.
+    max_body_bytes_in_flight: int = Field(
+        128 * 1024 * 1024,
+        gt=0,
+        description="request-body bytes a serving process holds at once; past it a request "
+        "waits up to body_bytes_wait, then gets 503",
+    )
+    body_bytes_wait: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="seconds a body waits for room in flight"
+    )
+    # A request that made this many backends fail one after another (an engine timing out,
+    # dropping the connection or answering 500/502/504 under it) looks like the cause: it is
+    # not sent to another one, so it cannot take the whole fleet down. 0: no such limit.
+    max_backends_failed_in_a_row: int = Field(
+        2, ge=0, description="backends a request may make fail in a row before it is stopped"
+    )
     max_sse_event_bytes: int = Field(
         DEFAULT_MAX_EVENT_BYTES,
         ge=1024,
@@ -556,6 +575,15 @@ class Settings(BaseSettings):
         if v not in LOAD_METRICS:
             raise ValueError(f"unknown load metric {v!r}; known: {', '.join(LOAD_METRICS)}")
         return v
+
+    @model_validator(mode="after")
+    def _body_fits_in_flight(self) -> Settings:
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(
+                f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) is below "
+                f"max_body_bytes ({self.max_body_bytes}): a body at the limit would never fit"
+            )
+        return self
 
     @model_validator(mode="after")
     def _planner_in_one_process(self) -> Settings:

@@ -81,6 +81,13 @@ class BackendHealth:
             backend.healthy = False
             self.metrics.count_passive_ejection(backend.id, kind)
 
+    def failed_under_suspect(self, backend: Backend, kind: FailureKind, detail: str) -> None:
+        """A leg failed under a request that had just made another backend fail too: the
+        request more likely than the backend is the cause, so the failure is counted and
+        shown but held against neither its ejection nor its health."""
+        self.metrics.count_upstream_error(backend.id, kind)
+        backend.last_error = f"{kind}: {detail} (under a request that failed elsewhere too)"
+
     def succeeded(self, backend: Backend) -> None:
         """A leg got its first output (or its whole answer) from `backend`."""
         self.ejection.succeeded(backend)

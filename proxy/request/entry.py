@@ -30,6 +30,7 @@ from proxy.request.body import (
     parse_object,
     require_model,
 )
+from proxy.request.body_budget import BodyBudget
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
 from proxy.request.session import RequestSession
@@ -130,6 +131,9 @@ class Forwarder:
         self._max_forwarded_header_bytes = core.settings.max_forwarded_header_bytes
         if not core.settings.forward_client_authorization:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
+        bodies = BodyBudget(core.settings.max_body_bytes_in_flight, core.settings.body_bytes_wait)
+        self._bodies = bodies
+        core.metrics.body_bytes_in_flight.set_function(lambda: bodies.held)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, generates = HOT_ROUTES[scope["path"]]
@@ -159,56 +163,67 @@ class Forwarder:
         status = 500
         session: RequestSession | None = None
         model: str | None = None
+        held = 0  # body bytes taken from the budget, given back when the request ends
         try:
-            if forwarded > self._max_forwarded_header_bytes:
-                raise _headers_too_large(forwarded, self._max_forwarded_header_bytes)
-            if self._authorize is not None:
-                refusal = self._authorize(headers)
-                if refusal is not None:
-                    raise refusal
-            body = await self._read_body(receive, headers)
-            ctx = self._context(endpoint, generates, body, headers, request_id)
-            if self._aliases is not None:
-                body = self._dealias(ctx, body, self._aliases)
-            model = ctx.model
-            prompt_tokens = self.core.prompt_tokens  # None unless routing uses KV events
-            # A LoRA adapter's blocks are hashed with the adapter: the engines' events cannot
-            # tell where its prompt is cached, so without token ids it goes by the approximate
-            # index (which keys prompts by model name).
-            if prompt_tokens is not None and generates and not self.core.fleet.is_adapter(model):
-                ids = await prompt_tokens.token_ids(endpoint, model, ctx.body)
-                if ids is not None:
-                    ctx.prompt_token_ids = ids
-                    ctx.prompt_tokens = len(ids)  # exact: no counting needed
-            tokens = self.core.tokens
-            if (
-                tokens is not None
-                and tokens.mode != "estimate"
-                and not ctx.prompt_is_token_ids
-                and ctx.prompt_token_ids is None
-            ):
-                ctx.prompt_tokens = await tokens.count(ctx.prompt_text, model, endpoint, ctx.body)
-            session = RequestSession(
-                self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
-                self._movability(ctx),
-            )  # fmt: skip
-            status = await self._serve(receive, session)
-        except ProxyError as e:
-            status = e.status
-            await send_error(send, e, request_id)
-        except Exception:
-            # Never a traceback to the client; the log keeps it.
-            log.exception("request %s failed inside the proxy", request_id)
-            await send_error(
-                send,
-                ProxyError(500, "internal proxy error", type="internal_error"),
-                request_id,
-            )
-        self.core.metrics.count_request(endpoint, status, model)
-        request_log = self._request_log
-        if request_log is not None and request_log.sampled():
-            finished = session.finished() if session is not None else None
-            request_log.record(endpoint, request_id, status, arrived, finished)
+            try:
+                if forwarded > self._max_forwarded_header_bytes:
+                    raise _headers_too_large(forwarded, self._max_forwarded_header_bytes)
+                if self._authorize is not None:
+                    refusal = self._authorize(headers)
+                    if refusal is not None:
+                        raise refusal
+                body = await self._read_body(receive, headers)
+                held = len(body)
+                ctx = self._context(endpoint, generates, body, headers, request_id)
+                if self._aliases is not None:
+                    body = self._dealias(ctx, body, self._aliases)
+                model = ctx.model
+                prompt_tokens = self.core.prompt_tokens  # None unless routing uses KV events
+                # A LoRA adapter's blocks are hashed with the adapter: the engines' events cannot
+                # tell where its prompt is cached, so without token ids it goes by the approximate
+                # index (which keys prompts by model name).
+                if (
+                    prompt_tokens is not None
+                    and generates
+                    and not self.core.fleet.is_adapter(model)
+                ):
+                    ids = await prompt_tokens.token_ids(endpoint, model, ctx.body)
+                    if ids is not None:
+                        ctx.prompt_token_ids = ids
+                        ctx.prompt_tokens = len(ids)  # exact: no counting needed
+                tokens = self.core.tokens
+                if (
+                    tokens is not None
+                    and tokens.mode != "estimate"
+                    and not ctx.prompt_is_token_ids
+                    and ctx.prompt_token_ids is None
+                ):
+                    ctx.prompt_tokens = await tokens.count(
+                        ctx.prompt_text, model, endpoint, ctx.body
+                    )
+                session = RequestSession(
+                    self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
+                    self._movability(ctx),
+                )  # fmt: skip
+                status = await self._serve(receive, session)
+            except ProxyError as e:
+                status = e.status
+                await send_error(send, e, request_id)
+            except Exception:
+                # Never a traceback to the client; the log keeps it.
+                log.exception("request %s failed inside the proxy", request_id)
+                await send_error(
+                    send,
+                    ProxyError(500, "internal proxy error", type="internal_error"),
+                    request_id,
+                )
+            self.core.metrics.count_request(endpoint, status, model)
+            request_log = self._request_log
+            if request_log is not None and request_log.sampled():
+                finished = session.finished() if session is not None else None
+                request_log.record(endpoint, request_id, status, arrived, finished)
+        finally:
+            self._bodies.release(held)
 
     @staticmethod
     def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:
@@ -237,24 +252,57 @@ class Forwarder:
         return m
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
+        """The body, as many bytes as it has taken from the process's budget (the caller gives
+        them back when the request ends); on failure none stay taken. A declared length is
+        taken before the first byte is read, a chunked body's bytes as they come."""
         limit = self.settings.max_body_bytes
+        bodies = self._bodies
+        taken = 0
         declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
+        if declared is not None and declared.isdigit():
+            taken = int(declared)
+            if taken > limit:
+                raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
+            # The wait's coroutine only when there is no room at once.
+            if not bodies.take_now(taken) and not await bodies.take(taken):
+                raise self._no_room_for(taken)
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ProxyError(499, "client disconnected while sending the body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ProxyError(499, "client disconnected while sending the body")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
+                if size > taken:  # a chunked body: its bytes are taken as they come
+                    more = size - taken
+                    if not bodies.take_now(more) and not await bodies.take(more):
+                        raise self._no_room_for(size)
+                    taken = size
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        except BaseException:
+            bodies.release(taken)
+            raise
+        if taken > size:
+            bodies.release(taken - size)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _no_room_for(self, size: int) -> ProxyError:
+        self.core.metrics.body_budget_refusals.inc()
+        bodies = self._bodies
+        return ProxyError(
+            503,
+            f"the proxy holds {bodies.held} bytes of request bodies; this one's {size} would "
+            f"pass its max_body_bytes_in_flight ({bodies.limit}); retry shortly",
+            type="service_unavailable",
+            code=503,
+            headers=[(b"retry-after", b"1")],
+        )
 
     def _context(
         self,

@@ -83,6 +83,14 @@ class MovingSession(Protocol):
         """A leg is being opened: its answer's head has not come yet."""
 
     @property
+    def running(self) -> bool:
+        """The current leg has sent its client output."""
+
+    @property
+    def stopped(self) -> ProxyError | None:
+        """Why the request goes to no other backend: it made too many fail in a row."""
+
+    @property
     def dispatch(self) -> Dispatch: ...
 
     @property
@@ -113,7 +121,13 @@ class MovingSession(Protocol):
 
     def close_leg(self) -> None: ...
 
-    def note_failure(self, e: RetryableUpstream) -> None: ...
+    def note_failure(self, e: RetryableUpstream, stage: str = "first") -> ProxyError | None:
+        """Report a failure before a leg's answer; the error that stops the request, if any."""
+
+    def note_break(
+        self, backend: Backend, kind: FailureKind, detail: str, had_output: bool
+    ) -> bool:
+        """Report a leg whose stream broke or stalled; True when the request must stop."""
 
     async def end_stream(self, at_limit: bool) -> None:
         """Send the ending (usage, [DONE]) of a stream whose every token was relayed;
@@ -273,13 +287,14 @@ class Mover:
         order = self._order if brk.kind == "moved" else None
         if brk.kind == "moved" and order is None:
             brk = Break("failed", brk.detail)
+        had_output = session.running
         session.close_leg()
         if self._cut_at is not None:
             # The previous move's target broke before its first token.
             metrics.count_migration(source.reason, "failed")
             metrics.count_migration_kind(source.kind, "failed")
         if order is None:
-            self._eject(source.backend, brk)
+            self._eject(session, source.backend, brk, had_output)
             reason = "backend_stalled" if brk.kind == "stalled" else "backend_failed"
         else:
             reason = order.reason
@@ -291,6 +306,9 @@ class Mover:
                 await session.end_stream(at_limit=not finished)
                 self._resolve(MoveResult("finished", source.backend.id))
                 return "ended"
+        if session.stopped is not None:
+            metrics.count_migration(reason, "failed")
+            return await self._give_up(session, source, session.stopped.message)
         # Nothing reached the client yet: any request can simply be sent again elsewhere.
         restart = not ledger.sent if ledger is not None else session.first_token_at is None
         restart = restart and self.moves < max(1, self._core.settings.max_moves)
@@ -327,7 +345,7 @@ class Mover:
         leg, detail = await self._open(
             session, resume, {source.backend.id}, required, reason, resume.kind
         )
-        if leg is None and order is not None:
+        if leg is None and order is not None and session.stopped is None:
             # A planned move must not cost the client its answer: back on the source, which
             # was healthy (a drain only stops new requests).
             leg, detail = await self._open(
@@ -452,9 +470,11 @@ class Mover:
                     target, resume.path, headers, body, 0 if use_kv else resume.prompt_len
                 )
             except RetryableUpstream as e:
-                session.note_failure(e)
+                stop = session.note_failure(e, "continuation")
                 exclude.add(target.id)
                 detail = str(e)
+                if stop is not None:
+                    return None, stop.message
                 if required is not None:
                     return None, detail
                 continue
@@ -496,7 +516,9 @@ class Mover:
         self._resolve(MoveResult("failed", source.backend.id, detail=detail))
         log.warning("request %s: %s", self._ctx.request_id, detail)
         message = "the backend failed mid-stream; the response is incomplete"
-        if self._core.settings.error_details:
+        if session.stopped is not None:
+            message = f"{session.stopped.message}; the response is incomplete"
+        elif self._core.settings.error_details:
             message = f"backend {source.backend.id}: {detail}; the response is incomplete"
         await session.end_with_error(message)
         source.backend.last_error = detail
@@ -510,12 +532,15 @@ class Mover:
         if not order.done.done():
             order.done.set_result(result)
 
-    def _eject(self, backend: Backend, brk: Break) -> None:
+    def _eject(
+        self, session: MovingSession, backend: Backend, brk: Break, had_output: bool
+    ) -> None:
         """Passive ejection: a backend that broke or stalled under a request gets no new ones
-        until its next passing health check."""
+        until its next passing health check (unless the request looks at fault: the session
+        judges)."""
         kind: FailureKind = "stalled" if brk.kind == "stalled" else "mid_stream"
         log.warning("request %s: %s %s: %s", self._ctx.request_id, backend.id, kind, brk.detail)
-        self._core.health.failed_mid_stream(backend, kind, brk.detail)
+        session.note_break(backend, kind, brk.detail, had_output)
 
 
 def _leg_kind(

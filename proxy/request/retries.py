@@ -24,13 +24,14 @@ T = TypeVar("T")
 async def tried_again(
     attempt: Callable[[], Awaitable[T]],
     first: RetryableUpstream,
-    note_failure: Callable[[RetryableUpstream], None],
+    note_failure: Callable[[RetryableUpstream], ProxyError | None],
     tried: list[str],
     settings: Settings,
     metrics: RouterMetrics,
 ) -> T:
     """`attempt` again after the first one failed with `first` (already noted); raises a 502
-    once every attempt failed, or when no backend is left to try (a 503 from choosing one)."""
+    once every attempt failed, when no backend is left to try (a 503 from choosing one), or
+    when `note_failure` returns the error that stops the request."""
     last = first
     if settings.max_attempts <= 1:
         raise _exhausted(tried, last, settings.error_details)
@@ -47,7 +48,9 @@ async def tried_again(
                 try:
                     return await attempt()
                 except RetryableUpstream as e:
-                    note_failure(e)
+                    stop = note_failure(e)
+                    if stop is not None:
+                        raise stop from None  # the request, not the backends, looks at fault
                     last = e
                     raise
     except RetryableUpstream:

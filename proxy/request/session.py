@@ -36,7 +36,7 @@ from policies.policy import RequestContext
 from proxy.asgi import Send, response_headers
 from proxy.backends.accounting import Dispatch
 from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
-from proxy.errors import ProxyError, openai_shaped, sse_error_event, wraps_status
+from proxy.errors import FailureKind, ProxyError, openai_shaped, sse_error_event, wraps_status
 from proxy.ports import FinishedRequest, RequestServices
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
@@ -46,8 +46,11 @@ from proxy.request.tracking import lost_ending, spliced_stream, tracked_request
 from proxy.request.upstream_failures import (
     RETRYABLE_STATUS,
     RetryableUpstream,
+    failed_in_a_row,
+    failed_in_a_row_error,
     refused,
     report_failure,
+    report_suspect,
 )
 from proxy.stream.continuation import Movability
 from proxy.stream.splice import Splicer
@@ -64,6 +67,7 @@ class RequestSession:
         "_charge",
         "_clock",
         "_core",
+        "_failed_in_row",
         "_leg_live",
         "_legs",
         "_metrics",
@@ -89,6 +93,7 @@ class RequestSession:
         "leg",
         "legs",
         "path",
+        "stopped",
         "tried",
     )
 
@@ -122,6 +127,9 @@ class RequestSession:
         self._opening_down: str | None = None  # it was found down before the request was written
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
+        self._failed_in_row = 0  # backends that failed under this request one after another
+        # The error that stopped the request after too many of those: it goes to no other.
+        self.stopped: ProxyError | None = None
         self.legs: list[Leg] = []  # every leg that answered, in order
         self.leg: Leg | None = None  # the leg serving the request now
         self._leg_live = False  # the current leg has produced output
@@ -307,11 +315,50 @@ class RequestSession:
         if self._opening_down is not None:
             resp.interrupt(self._opening_down)
 
-    def note_failure(self, e: RetryableUpstream) -> None:
-        report_failure(
-            self._core.health, self.ctx.request_id, e, len(self.tried),
-            time.perf_counter() - self.arrived,
+    def note_failure(self, e: RetryableUpstream, stage: str = "first") -> ProxyError | None:
+        """Report a leg that failed before its answer (`stage`: of the first leg or of a
+        continuation); the error to end the request with when it has now made
+        `max_backends_failed_in_a_row` backends fail in a row, else None."""
+        before = self._failed_in_row
+        failed = self._failed_in_row = failed_in_a_row(before, e.kind, e.status)
+        if before and failed > before:
+            report_suspect(self._core.health, self.ctx.request_id, e.backend, e.kind, str(e))
+        else:
+            report_failure(
+                self._core.health, self.ctx.request_id, e, len(self.tried),
+                time.perf_counter() - self.arrived,
+            )  # fmt: skip
+        return self._stop_after(failed, stage, str(e))
+
+    def note_break(
+        self, backend: Backend, kind: FailureKind, detail: str, had_output: bool
+    ) -> bool:
+        """Report a leg whose stream broke or stalled; True when the request must stop here
+        (`stopped` says why). A leg that had sent its client output shows the request can be
+        served: its failure is the backend's, and the run starts again."""
+        if had_output:
+            self._failed_in_row = 0
+            self._core.health.failed_mid_stream(backend, kind, detail)
+            return False
+        before = self._failed_in_row
+        failed = self._failed_in_row = before + 1
+        if before:
+            report_suspect(self._core.health, self.ctx.request_id, backend, kind, detail)
+        else:
+            self._core.health.failed_mid_stream(backend, kind, detail)
+        return self._stop_after(failed, "continuation", f"{backend.id}: {detail}") is not None
+
+    def _stop_after(self, failed: int, stage: str, last: str) -> ProxyError | None:
+        limit = self._settings.max_backends_failed_in_a_row
+        if not limit or failed < limit:
+            return None
+        self._metrics.failed_in_a_row.labels(stage).inc()
+        log.warning(
+            "request %s: %d backends failed under it in a row; not sent to another",
+            self.ctx.request_id, failed,
         )  # fmt: skip
+        self.stopped = failed_in_a_row_error(failed, last if self._settings.error_details else None)
+        return self.stopped
 
     # --- the request's life
 
@@ -331,7 +378,9 @@ class RequestSession:
         try:
             return await self._attempt_first()
         except RetryableUpstream as e:
-            self.note_failure(e)
+            stop = self.note_failure(e)
+            if stop is not None:
+                raise stop from None
             first = e
         return await tried_again(
             self._attempt_first, first, self.note_failure, self.tried, self._settings, self._metrics
@@ -537,6 +586,8 @@ class RequestSession:
         assembler = self._assembler
         assert assembler is not None
         if not await self._stream():
+            if self.stopped is not None:
+                raise self.stopped
             message = "the backends failed before the answer was complete"
             if self._settings.error_details and self.legs:
                 message += ": " + self.legs[-1].backend.last_error

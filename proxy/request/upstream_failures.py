@@ -12,7 +12,7 @@ import logging
 from fleet.types import Backend
 from proxy.backends.health import BackendHealth
 from proxy.backends.upstream import UpstreamError, UpstreamResponse
-from proxy.errors import FailureKind
+from proxy.errors import FailureKind, ProxyError
 
 log = logging.getLogger("fleet_proxy.legs")
 
@@ -21,12 +21,16 @@ RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 
 
 class RetryableUpstream(Exception):
-    """A backend failed before anything of its answer reached the client."""
+    """A backend failed before anything of its answer reached the client; `status`: its
+    answer's, when it answered one."""
 
-    def __init__(self, backend: Backend, kind: FailureKind, detail: str) -> None:
+    def __init__(
+        self, backend: Backend, kind: FailureKind, detail: str, status: int | None = None
+    ) -> None:
         super().__init__(f"{backend.id}: {detail}")
         self.backend = backend
         self.kind: FailureKind = kind
+        self.status = status
 
 
 async def refused(backend: Backend, resp: UpstreamResponse) -> RetryableUpstream:
@@ -38,7 +42,49 @@ async def refused(backend: Backend, resp: UpstreamResponse) -> RetryableUpstream
         detail = str(e)
     finally:
         resp.release()
-    return RetryableUpstream(backend, "status", f"HTTP {resp.status}: {detail}")
+    return RetryableUpstream(backend, "status", f"HTTP {resp.status}: {detail}", resp.status)
+
+
+def failed_in_a_row(before: int, kind: FailureKind, status: int | None) -> int:
+    """How many backends in a row a request has made fail once one more failed under it,
+    `before` before. A backend that timed out, dropped the connection or answered 500/502/504
+    while serving it may have been made to (a prompt that wedges an engine does that to every
+    engine it reaches); a refused connection or a 503 says the backend was down or full
+    before it saw the request, and leaves the count as it was."""
+    if kind == "connect" or kind == "connect_timeout" or status == 503:
+        return before
+    return before + 1
+
+
+def failed_in_a_row_error(failed: int, last: str | None) -> ProxyError:
+    """The answer to a request stopped after making `failed` backends fail in a row; `last`:
+    the last failure, named when error_details allows."""
+    message = (
+        f"the request failed on {failed} backends in a row (a timeout, a dropped connection or "
+        "a 5xx answer on each) and was not sent to another: it may be what makes them fail "
+        "(max_backends_failed_in_a_row)"
+    )
+    if last is not None:
+        message += f"; last error: {last}"
+    return ProxyError(
+        502,
+        message,
+        type="upstream_error",
+        code=502,
+    )
+
+
+def report_suspect(
+    health: BackendHealth, request_id: str, backend: Backend, kind: FailureKind, detail: str
+) -> None:
+    """Log a failure under a request that had just made another backend fail: counted, but
+    not held against this backend."""
+    log.warning(
+        "request %s: %s failed too (%s) after another backend failed under this request, "
+        "not held against it: %s",
+        request_id, backend.id, kind, detail,
+    )  # fmt: skip
+    health.failed_under_suspect(backend, kind, detail)
 
 
 def report_failure(

@@ -132,14 +132,21 @@ async def test_debug_receipts_need_the_operator_flag(good: FakeBackend) -> None:
 async def test_error_messages_name_no_backend_unless_asked(bad: FakeBackend) -> None:
     bad.behaviour = Behaviour(fail_status=500)
     for details in (False, True):
-        settings = fast_settings([bad.url], error_details=details, outlier_detection=False)
-        async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
-            r = await c.post("/v1/completions", json=BODY)
-            assert r.status_code == 502
-            message = r.json()["error"]["message"]
-            assert message.startswith("no backend answered after 3 attempt(s)")
-            assert (backend_id(bad) in message) is details
-            assert ("injected" in message) is details
+        # Every attempt made (no stop after backends failing in a row), and stopped after two.
+        for in_a_row, said in ((0, "no backend answered after 3 attempt(s)"), (2, "the request")):
+            settings = fast_settings(
+                [bad.url],
+                error_details=details,
+                outlier_detection=False,
+                max_backends_failed_in_a_row=in_a_row,
+            )
+            async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+                r = await c.post("/v1/completions", json=BODY)
+                assert r.status_code == 502
+                message = r.json()["error"]["message"]
+                assert message.startswith(said)
+                assert (backend_id(bad) in message) is details
+                assert ("injected" in message) is details
 
 
 async def test_backend_header_can_be_turned_off(good: FakeBackend) -> None:

@@ -291,7 +291,8 @@ async def test_connect_timeout_is_retried_on_another_backend(two_backends):
 async def test_all_backends_failing_gives_502_naming_them(two_backends):
     for b in two_backends:
         b.behaviour = Behaviour(fail_status=500)
-    settings = fast_settings([b.url for b in two_backends])
+    # Not stopped after two backends failing in a row: the whole attempt budget is used.
+    settings = fast_settings([b.url for b in two_backends], max_backends_failed_in_a_row=0)
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
         r = await c.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 502

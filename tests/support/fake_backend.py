@@ -24,6 +24,10 @@ class Behaviour:
     chunk_delay: float = 0.0
     first_byte_delay: float = 0.0
     die_after_chunks: int | None = None  # drop the connection mid-stream
+    # A request whose body holds this text is a poison one: the backend drops the connection
+    # before answering ("drop"), or after the head of a streamed answer ("cut").
+    poison: str | None = None
+    poison_mode: str = "drop"
     healthy: bool = True
     # Each generation request takes one permit before answering (None: none needed), so a
     # test lets requests finish one at a time.
@@ -145,6 +149,12 @@ class FakeBackend:
         self.seen.append(
             Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
         )
+        b = self.behaviour
+        poisoned = b.poison is not None and b.poison in json.dumps(body)
+        if poisoned and b.poison_mode == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            raise ConnectionResetError("poisoned")
         status = self._should_fail()
         if status is not None:
             if self.behaviour.fail_text is not None:
@@ -184,6 +194,10 @@ class FakeBackend:
                 )
             resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await resp.prepare(request)
+            if poisoned:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
             for i in range(b.chunks):
                 if b.die_after_chunks is not None and i == b.die_after_chunks:
                     assert request.transport is not None

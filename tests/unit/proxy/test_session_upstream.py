@@ -322,13 +322,26 @@ async def test_a_failure_before_the_first_byte_is_retried_on_the_other_backend(
 
 
 async def test_when_every_attempt_fails_the_client_gets_a_502_and_nothing_stays_charged() -> None:
-    services = make(*[UpstreamError("disconnect", "reset")] * 3)
+    # 503s say the backends are full, not that the request is at fault: every attempt is made.
+    services = make(*[(503, b"overloaded")] * 3)
     fake = services.upstream_pool()
     with pytest.raises(ProxyError) as raised:
         await session(services, []).run()
     assert raised.value.status == 502
     assert len(fake.asked) == 3  # max_attempts
     assert fake.outcomes == []
+    assert_clean(services)
+
+
+async def test_a_request_that_breaks_two_backends_in_a_row_is_not_sent_to_a_third() -> None:
+    services = make(*[UpstreamError("disconnect", "reset")] * 3)
+    fake = services.upstream_pool()
+    with pytest.raises(ProxyError) as raised:
+        await session(services, []).run()
+    assert raised.value.status == 502
+    assert "failed on 2 backends in a row" in raised.value.message
+    assert len(fake.asked) == 2  # max_backends_failed_in_a_row, under max_attempts (3)
+    assert len(fake.outcomes) == 1  # the third backend was never asked
     assert_clean(services)
 
 
