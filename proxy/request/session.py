@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from fleet.live import MoveResult
+from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
 from policies.policy import RequestContext
 from proxy.asgi import Send, response_headers
@@ -87,6 +87,7 @@ class RequestSession:
         "_opening",
         "_opening_down",
         "_opening_resp",
+        "_relaying",
         "_send",
         "_settings",
         "_splicer",
@@ -140,6 +141,7 @@ class RequestSession:
         self.legs: list[Leg] = []  # every leg that answered, in order
         self.leg: Leg | None = None  # the leg serving the request now
         self._leg_live = False  # the current leg has produced output
+        self._relaying = False  # a whole answer too large to hold is being relayed
         self.first_token_at: float | None = None
         self.last_sent = 0.0
         self._splicer: Splicer | None = None
@@ -191,6 +193,8 @@ class RequestSession:
         return len(ledger.generated) if ledger is not None else 0
 
     def movable_reason(self, planned: bool) -> str:
+        if self._relaying:
+            return "not_streaming"  # a whole answer has no token to cut it after
         return self._mover.movable_reason(planned)
 
     async def move(
@@ -200,6 +204,8 @@ class RequestSession:
         (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
         setting; proxy/stream/move_kinds.py); resolves once the target sent its first token, the
         move failed, or the request ended first. Raises NotMovable."""
+        if self._relaying:
+            raise NotMovable("not_streaming")
         return await self._mover.move(self, to, reason, kind)
 
     def view(self) -> dict[str, Any]:
@@ -441,6 +447,7 @@ class RequestSession:
         resp = leg.resp
         self.dispatch.prefilled()
         self._leg_live = True  # its bytes flow: the request waits for no first output
+        self._relaying = True
         headers = self._headers(leg)
         length = content_length(resp.raw_headers)
         if length is not None:

@@ -216,3 +216,36 @@ async def test_a_backend_400_over_the_cap_fails_cleanly(backend: FakeBackend) ->
         r = await c.post("/v1/completions", json=REQUEST)
         assert r.status_code == 400
         assert "(bad request)" in json.loads(r.content)["error"]["message"]
+
+
+async def test_a_large_json_answer_to_a_streamed_request_is_not_cut_by_a_move(
+    large: LargeAnswerBackend,
+) -> None:
+    """A backend may answer "stream": true with JSON: relayed as it comes, it has no token to
+    cut after, so a planned move is refused rather than cutting the answer short."""
+    other = LargeAnswerBackend(body=large.body)
+    await other.start()
+    large.gate = other.gate = asyncio.Event()
+    config = fast_settings([large.url, other.url], policy="round_robin")
+    try:
+        async with (
+            running_proxy(config) as (url, _),
+            httpx.AsyncClient(base_url=url, timeout=60) as c,
+            c.stream("POST", "/v1/completions", json={**REQUEST, "stream": True}) as r,
+        ):
+            assert r.status_code == 200
+            chunks = r.aiter_raw()
+            got = bytearray(await asyncio.wait_for(anext(chunks), timeout=20))
+            rid = r.headers["x-request-id"]
+            moved = await c.post(f"/admin/requests/{rid}/migrate", json={})
+            assert moved.status_code == 409
+            assert moved.json()["detail"] == "not_streaming"
+            live = (await c.get("/admin/requests")).json()
+            [view] = [v for v in live if v["request_id"] == rid]
+            assert view["not_movable_reason"] == "not_streaming"
+            large.gate.set()
+            async for chunk in chunks:
+                got.extend(chunk)
+            assert bytes(got) == large.body
+    finally:
+        await other.stop()
