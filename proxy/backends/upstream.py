@@ -200,6 +200,12 @@ class UpstreamResponse:
             await self._wait()
         return self._take_all()
 
+    async def read_start(self, limit: int) -> bytes:
+        """The body's first bytes, `limit` or a little more (less when it is shorter), without
+        waiting for the rest: what an error answer's detail needs of a body of any size."""
+        whole = await self.read_within(limit)
+        return whole if whole is not None else self._take_all()
+
     def _take_all(self) -> bytes:
         pieces = self._pieces
         if len(pieces) == 1:

@@ -74,6 +74,19 @@ class LargeAnswerBackend(FakeBackend):
         return resp
 
 
+@dataclass
+class EndlessErrorBackend(FakeBackend):
+    """Answers every generation request 500 with a body that never ends."""
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(Seen(request.path, dict(request.headers), await request.json()))
+        resp = web.StreamResponse(status=500, headers={"content-type": "text/plain"})
+        await resp.prepare(request)
+        while True:  # ends when the proxy closes the connection (the handler is cancelled)
+            await resp.write(b"overloaded " * 6000)
+            await asyncio.sleep(0.01)
+
+
 @pytest.fixture
 async def large() -> Any:
     b = LargeAnswerBackend(body=large_body(SIZE))
@@ -249,3 +262,23 @@ async def test_a_large_json_answer_to_a_streamed_request_is_not_cut_by_a_move(
             assert bytes(got) == large.body
     finally:
         await other.stop()
+
+
+async def test_a_500_whose_body_never_ends_is_tried_again_at_once(backend: FakeBackend) -> None:
+    """Only the start of an error body is read, for its detail: the request goes on to another
+    backend without waiting for (or holding) the rest."""
+    endless = EndlessErrorBackend()
+    await endless.start()
+    config = fast_settings([endless.url, backend.url], policy="round_robin", error_details=True)
+    try:
+        async with running_proxy(config) as (url, app), httpx.AsyncClient(base_url=url) as c:
+            for _ in range(2):  # round robin: the endless backend is asked first at least once
+                r = await asyncio.wait_for(c.post("/v1/completions", json=REQUEST), timeout=20)
+                assert r.status_code == 200
+            assert endless.seen
+            failure = {"backend": endless.url.removeprefix("http://"), "kind": "status"}
+            errors = app.core.prom.get_sample_value("fleet_proxy_upstream_errors_total", failure)
+            assert errors == len(endless.seen)
+            assert endless.behaviour.healthy  # only its answer failed
+    finally:
+        await endless.stop()
