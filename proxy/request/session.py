@@ -151,7 +151,9 @@ class RequestSession:
         self.first_body, self._body_fields, self.ledger, self._assembler = tracked_request(
             ctx, body, movability, client_ids, self._settings.max_held_answer_bytes
         )
-        self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
+        # An answer relayed whole, or the end of one relayed as it came: the request log reads
+        # its usage there.
+        self.answer: bytes | None = None
         # The mover is handed the session per call, never keeps it: a reference back would
         # make every request a cycle for the garbage collector (~20 us of CPU per request).
         self._mover = Mover(core, legs, ctx, self.ledger, movability)
