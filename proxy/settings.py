@@ -284,6 +284,20 @@ class Settings(BaseSettings):
         description="bytes one streamed SSE event may hold before its end; past it the backend "
         "counts as failed (a movable request continues elsewhere)",
     )
+    hold_answer_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="bytes of a non-streamed answer read whole before it is relayed, so that "
+        "a backend breaking while sending it is retried elsewhere; a larger answer is relayed "
+        "as it comes, and a break after that closes the client's connection short",
+    )
+    max_held_answer_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="bytes the proxy holds of an answer it needs whole: a non-streamed answer "
+        "assembled from a backend's stream (counted as the stream's bytes) and a backend's "
+        "400 or 404 (put in the OpenAI error shape); past it the client gets 502",
+    )
     # Was `max_connections` (still read, with a warning): it never capped open connections.
     max_idle_connections_per_backend: int = Field(
         2048, ge=1, description="idle keep-alive connections kept per backend"

@@ -176,6 +176,37 @@ class UpstreamResponse:
             if conn is not None and conn.paused:
                 conn.resume()
             await self._wait()
+        return self._take_all()
+
+    async def read_within(self, limit: int) -> bytes | None:
+        """The whole body, as `read()`, when it completes within about `limit` bytes (past
+        it by at most what one socket read brings); else None as soon as more has arrived,
+        the bytes read so far left to `async for`, ahead of the rest, under flow control."""
+        held = 0
+        while not self._complete:
+            if self._error is not None:
+                raise self._error
+            if self._released:
+                raise RuntimeError("response body read after release()")
+            # `_size` counts what arrived since the last look; zeroed, the socket never pauses.
+            held += self._size
+            if held > limit:
+                self._size = held  # `async for` counts it down from here
+                return None
+            self._size = 0
+            conn = self._conn
+            if conn is not None and conn.paused:
+                conn.resume()
+            await self._wait()
+        return self._take_all()
+
+    async def read_start(self, limit: int) -> bytes:
+        """The body's first bytes, `limit` or a little more (less when it is shorter), without
+        waiting for the rest: what an error answer's detail needs of a body of any size."""
+        whole = await self.read_within(limit)
+        return whole if whole is not None else self._take_all()
+
+    def _take_all(self) -> bytes:
         pieces = self._pieces
         if len(pieces) == 1:
             return pieces.pop()

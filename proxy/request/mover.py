@@ -28,7 +28,7 @@ from proxy.request.choosing import CALLER_CHOSEN
 from proxy.request.kv_moves import CONTINUE_PATH, moves_kv, planned_kind, precopy
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg
-from proxy.request.upstream_failures import RetryableUpstream
+from proxy.request.upstream_failures import RetryableUpstream, error_detail
 from proxy.stream.continuation import Movability, continuation_body, tokens_left
 from proxy.stream.move_kinds import MoveKind, RequestedKind
 from proxy.stream.token_ledger import TokenLedger
@@ -479,7 +479,7 @@ class Mover:
                     return None, detail
                 continue
             if resp.status != 200:
-                text = (await resp.read())[:300].decode("utf-8", "replace")
+                text = await error_detail(resp)
                 resp.release()
                 session.dispatch.release()
                 return None, f"{target.id} answered HTTP {resp.status}: {text}"

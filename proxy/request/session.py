@@ -11,6 +11,9 @@ Failure rules:
 - before anything reaches the client (connect error, timeout, a 5xx answer, a connection
   dropped while reading a whole answer) the request is tried again on another backend, or on
   a still-healthy one again when none is left, bounded by `max_attempts`;
+- a non-streamed answer is read whole up to `hold_answer_bytes`; a larger one is relayed as
+  it comes (proxy/request/answer_relay.py), and a backend breaking after that closes the
+  client's connection short;
 - after that, a movable request whose backend breaks (reset, EOF, a 5xx or an error event mid
   stream) or stalls (no byte for `stall_timeout` once tokens flow) continues on another healthy
   backend from the last token its client received, at most `max_moves` times; the broken or
@@ -26,11 +29,12 @@ from __future__ import annotations
 
 import logging
 import time
+from enum import Enum
 from typing import Any
 
 import orjson
 
-from fleet.live import MoveResult
+from fleet.live import MoveResult, NotMovable
 from fleet.types import Backend
 from policies.policy import RequestContext
 from proxy.asgi import Send, response_headers
@@ -38,6 +42,7 @@ from proxy.backends.accounting import Dispatch
 from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
 from proxy.errors import FailureKind, ProxyError, openai_shaped, sse_error_event, wraps_status
 from proxy.ports import FinishedRequest, RequestServices
+from proxy.request.answer_relay import content_length, relay_rest
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
 from proxy.request.mover import Break, Mover, Splice
@@ -52,12 +57,22 @@ from proxy.request.upstream_failures import (
     report_failure,
     report_suspect,
 )
+from proxy.stream.assembled_answer import AnswerTooLarge
 from proxy.stream.continuation import Movability
 from proxy.stream.splice import Splicer
 from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
 from proxy.stream.token_ledger import EventAligner, EventTooLarge
 
 log = logging.getLogger("fleet_proxy.session")
+
+
+class _Relayed(Enum):
+    """The first leg's answer is too large to hold: it is relayed as it comes."""
+
+    ANSWER = 1
+
+
+RELAYED = _Relayed.ANSWER
 
 
 class RequestSession:
@@ -76,6 +91,7 @@ class RequestSession:
         "_opening",
         "_opening_down",
         "_opening_resp",
+        "_relaying",
         "_send",
         "_settings",
         "_splicer",
@@ -133,6 +149,7 @@ class RequestSession:
         self.legs: list[Leg] = []  # every leg that answered, in order
         self.leg: Leg | None = None  # the leg serving the request now
         self._leg_live = False  # the current leg has produced output
+        self._relaying = False  # a whole answer too large to hold is being relayed
         self.first_token_at: float | None = None
         self.last_sent = 0.0
         self._splicer: Splicer | None = None
@@ -140,9 +157,11 @@ class RequestSession:
         client_ids = ctx.body.get("return_token_ids") is True
         self._strip = not client_ids
         self.first_body, self._body_fields, self.ledger, self._assembler = tracked_request(
-            ctx, body, movability, client_ids
+            ctx, body, movability, client_ids, self._settings.max_held_answer_bytes
         )
-        self.answer: bytes | None = None  # an answer relayed whole (the request log's usage)
+        # An answer relayed whole, or the end of one relayed as it came: the request log reads
+        # its usage there.
+        self.answer: bytes | None = None
         # The mover is handed the session per call, never keeps it: a reference back would
         # make every request a cycle for the garbage collector (~20 us of CPU per request).
         self._mover = Mover(core, legs, ctx, self.ledger, movability)
@@ -184,6 +203,8 @@ class RequestSession:
         return len(ledger.generated) if ledger is not None else 0
 
     def movable_reason(self, planned: bool) -> str:
+        if self._relaying:
+            return "not_streaming"  # a whole answer has no token to cut it after
         return self._mover.movable_reason(planned)
 
     async def move(
@@ -193,6 +214,8 @@ class RequestSession:
         (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
         setting; proxy/stream/move_kinds.py); resolves once the target sent its first token, the
         move failed, or the request ended first. Raises NotMovable."""
+        if self._relaying:
+            raise NotMovable("not_streaming")
         return await self._mover.move(self, to, reason, kind)
 
     def view(self) -> dict[str, Any]:
@@ -374,7 +397,7 @@ class RequestSession:
             core.live.remove(self)
             self._mover.ended(self.backend_id)
 
-    async def _open_first(self) -> tuple[Leg, bytes | None]:
+    async def _open_first(self) -> tuple[Leg, bytes | _Relayed | None]:
         try:
             return await self._attempt_first()
         except RetryableUpstream as e:
@@ -386,9 +409,10 @@ class RequestSession:
             self._attempt_first, first, self.note_failure, self.tried, self._settings, self._metrics
         )
 
-    async def _attempt_first(self) -> tuple[Leg, bytes | None]:
+    async def _attempt_first(self) -> tuple[Leg, bytes | _Relayed | None]:
         """Open the first leg; answers the proxy relays whole are read here, so a break
-        while reading one can still be retried."""
+        while reading one can still be retried: up to `hold_answer_bytes` (RELAYED when
+        larger), or `max_held_answer_bytes` for one that may need the OpenAI error shape."""
         ctx = self.ctx
         legs = self._legs
         decision = legs.chooser.choose(ctx, self.tried, first=True)
@@ -414,20 +438,36 @@ class RequestSession:
         # A backend may ignore "stream": a JSON answer is whole, and relayed as it is.
         if streams and not _json_answer(resp.raw_headers):
             return leg, None
+        settings = self._settings
+        shaped = wraps_status(resp.status)
         try:
-            whole = await resp.read()
+            whole = await resp.read_within(
+                settings.max_held_answer_bytes if shaped else settings.hold_answer_bytes
+            )
         except UpstreamError as e:
             self.close_leg()
             self.dispatch.release()
             raise RetryableUpstream(backend, failure_kind(e), str(e)) from None
         self._core.health.succeeded(backend)
+        if whole is None:
+            if shaped:
+                raise ProxyError(
+                    502,
+                    f"the backend's {resp.status} answer is over the "
+                    f"{settings.max_held_answer_bytes}-byte cap (max_held_answer_bytes)",
+                    type="upstream_error",
+                    code=502,
+                )
+            return leg, RELAYED
         return leg, whole
 
-    async def _serve(self, leg: Leg, whole: bytes | None) -> int:
+    async def _serve(self, leg: Leg, whole: bytes | _Relayed | None) -> int:
         ctx = self.ctx
         resp = leg.resp
         status = resp.status
-        if whole is not None:
+        if whole is RELAYED:
+            status = await self._relay_answer(leg)
+        elif whole is not None:
             # Only on a 400 or 404: a dict lookup, the body is read only then.
             shaped = (
                 openai_shaped(status, whole, leg.backend.id, self.path)
@@ -451,6 +491,32 @@ class RequestSession:
             status = await self._answer_assembled()
         self._metrics.observe_duration(ctx.endpoint, ctx.model, time.perf_counter() - self.arrived)
         return status
+
+    async def _relay_answer(self, leg: Leg) -> int:
+        """An answer too large to hold, relayed as it comes; its status, or 502 when the
+        backend broke mid-way (the client's connection is then closed short)."""
+        resp = leg.resp
+        self.dispatch.prefilled()
+        self._leg_live = True  # its bytes flow: the request waits for no first output
+        self._relaying = True
+        headers = self._headers(leg)
+        length = content_length(resp.raw_headers)
+        if length is not None:
+            headers.append((b"content-length", length))
+        await self._send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        try:
+            self.answer = await relay_rest(resp, self._send)
+        except UpstreamError as e:
+            backend = leg.backend
+            log.warning(
+                "request %s: %s broke after part of its answer was relayed; the client's "
+                "connection is closed short: %s", self.ctx.request_id, backend.id, e,
+            )  # fmt: skip
+            if e.kind != "interrupted":  # found down already: nothing more to tell
+                kind: FailureKind = "stalled" if e.kind == "timeout" else "mid_stream"
+                self._core.health.failed_mid_stream(backend, kind, str(e))
+            return 502
+        return resp.status
 
     def _headers(self, leg: Leg, *, json_body: bool = False) -> list[tuple[bytes, bytes]]:
         ctx = self.ctx
@@ -585,7 +651,11 @@ class RequestSession:
     async def _answer_assembled(self) -> int:
         assembler = self._assembler
         assert assembler is not None
-        if not await self._stream():
+        try:
+            complete = await self._stream()
+        except AnswerTooLarge as e:
+            raise ProxyError(502, str(e), type="upstream_error", code=502) from None
+        if not complete:
             if self.stopped is not None:
                 raise self.stopped
             message = "the backends failed before the answer was complete"

@@ -19,11 +19,16 @@ _CHAT = "chat/completions"
 
 
 def tracked_request(
-    ctx: RequestContext, body: bytes, movability: Movability | None, client_ids: bool
+    ctx: RequestContext,
+    body: bytes,
+    movability: Movability | None,
+    client_ids: bool,
+    max_answer_bytes: int,
 ) -> tuple[bytes, dict[str, Any], TokenLedger | None, Assembler | None]:
     """What the first leg sends and what tracks its answer: its body, the fields the proxy adds
     to the client's, the token ledger of a movable request, the assembler of a movable
-    answer the client wants whole. `client_ids`: the client asked for token ids itself."""
+    answer the client wants whole (holding at most `max_answer_bytes` of its stream).
+    `client_ids`: the client asked for token ids itself."""
     if movability is None or not movability.movable:
         return body, {}, None, None
     ledger = TokenLedger()
@@ -38,7 +43,7 @@ def tracked_request(
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
-    assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids)
+    assembler = Assembler(endpoint=ctx.endpoint, token_ids=client_ids, max_bytes=max_answer_bytes)
     return orjson.dumps({**ctx.body, **fields}), fields, ledger, assembler
 
 

@@ -18,6 +18,8 @@ log = logging.getLogger("fleet_proxy.legs")
 
 # Answers that say "this backend, now" rather than "this request": safe to try elsewhere.
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+# What an error answer's detail quotes of its body; little more of it is read or held.
+_DETAIL_BYTES = 300
 
 
 class RetryableUpstream(Exception):
@@ -33,11 +35,18 @@ class RetryableUpstream(Exception):
         self.status = status
 
 
+async def error_detail(resp: UpstreamResponse) -> str:
+    """The start of an error answer's body, for its detail, the rest neither awaited nor
+    held (a backend may send an error body of any size, or one that never ends)."""
+    start = await resp.read_start(_DETAIL_BYTES)
+    return start[:_DETAIL_BYTES].decode("utf-8", "replace")
+
+
 async def refused(backend: Backend, resp: UpstreamResponse) -> RetryableUpstream:
     """The failure a RETRYABLE_STATUS answer stands for, its body read (for the detail) and
     its response released."""
     try:
-        detail = (await resp.read())[:300].decode("utf-8", "replace")
+        detail = await error_detail(resp)
     except UpstreamError as e:
         detail = str(e)
     finally:

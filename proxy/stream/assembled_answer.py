@@ -20,7 +20,8 @@ the first leg's raw vLLM events, then, after a move, `Splicer` output (made with
 
 `[DONE]` is ignored; an `{"error": ...}` event is kept for `error()`, which the caller checks
 before `body()`. Not covered: logprobs (written null) and tool calls; a request that asked for
-either is to be relayed as it is, not assembled.
+either is to be relayed as it is, not assembled. What it holds grows with the stream, so
+`max_bytes` caps the stream's bytes: past it `feed` raises `AnswerTooLarge`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class _Choice:
     stop_reason: int | str | None = None
 
 
+class AnswerTooLarge(ValueError):
+    """The stream being assembled passed the assembler's `max_bytes`."""
+
+
 class Assembler:
     """Collects one response's stream events and writes its non-streamed body (the rules are
     in this module's docstring)."""
@@ -54,17 +59,19 @@ class Assembler:
         "_choices",
         "_created",
         "_error",
+        "_fed",
         "_fingerprint",
         "_id",
+        "_max_bytes",
         "_model",
         "_prompt_token_ids",
         "_token_ids",
         "_usage",
     )
 
-    def __init__(self, *, endpoint: str, token_ids: bool) -> None:
+    def __init__(self, *, endpoint: str, token_ids: bool, max_bytes: int | None = None) -> None:
         """`endpoint`: "completions" or "chat/completions"; `token_ids`: the client asked
-        `return_token_ids`."""
+        `return_token_ids`; `max_bytes`: the stream's bytes it takes (None: no cap)."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {ENDPOINTS}, not {endpoint!r}")
         self._chat = endpoint == CHAT
@@ -78,11 +85,20 @@ class Assembler:
         self._usage: dict[str, Any] | None = None
         self._fingerprint: Any = None
         self._error: dict[str, Any] | None = None
+        self._fed = 0
+        self._max_bytes = max_bytes
 
     def feed(self, events: bytes) -> None:
         """Whole SSE events of the client-shaped stream; an unfinished trailing event is held
         until the rest of it comes. `[DONE]` and events that are not JSON objects are
-        ignored."""
+        ignored. AnswerTooLarge once the stream passed `max_bytes`."""
+        fed = self._fed + len(events)
+        self._fed = fed
+        if self._max_bytes is not None and fed > self._max_bytes:
+            raise AnswerTooLarge(
+                f"the answer assembled from the backend's stream passed the "
+                f"{self._max_bytes}-byte cap (max_held_answer_bytes)"
+            )
         for event in self._buffer.feed(events):
             obj = event_json(event)
             if isinstance(obj, dict):

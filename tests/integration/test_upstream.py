@@ -645,3 +645,35 @@ async def test_pieces_already_received_come_out_as_one(serve, pool) -> None:
         assert resp.at_end
     assert b"".join(pieces) == b"".join(events)
     assert len(pieces) < len(events)
+
+
+async def test_read_within_a_limit_hands_a_larger_body_over_to_iteration(serve, pool) -> None:
+    pieces = [hashlib.sha256(b"%d" % i).digest() * 2048 for i in range(768)]  # 48 MiB
+    body = b"".join(pieces)
+    all_written = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readuntil(b"\r\n\r\n"):
+            if all_written.is_set():  # the second request: a small body
+                writer.write(ok(b"small"))
+                await writer.drain()
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+            all_written.set()
+
+    server = await serve(handler)
+    async with await pool.request(server.origin, "/", [], b"") as resp:
+        assert await resp.read_within(1024 * 1024) is None
+        # Past the limit flow control holds the backend back again, as for `async for`.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_written.wait(), 0.5)
+        assert not all_written.is_set()
+        got = bytearray()
+        async for piece in resp:
+            got.extend(piece)
+        assert got == body  # what was read before the limit first, nothing lost
+    async with await pool.request(server.origin, "/", [], b"") as resp:
+        assert await resp.read_within(1024 * 1024) == b"small"

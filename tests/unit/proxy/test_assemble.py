@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.stream.assembled_answer import Assembler
+from proxy.stream.assembled_answer import AnswerTooLarge, Assembler
 from proxy.stream.splice import CHAT, COMPLETIONS, EventBuffer, Splicer, StreamIdentity
 from simulator.openai_api import CHAT as SIM_CHAT
 from simulator.openai_api import ChunkWriter, ParsedRequest, full_response, sse
@@ -141,6 +141,19 @@ def test_assembly_across_a_splice_gives_the_uninterrupted_answer(
     a.feed(b"".join(events[: head + k]))
     a.feed(splicer.rewrite(continuation(tokens[k:], parsed(events[-2]), prompt, before)))
     assert a.body() == orjson.dumps(expected_body(endpoint, token_ids=token_ids))
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
+def test_a_stream_past_max_bytes_is_refused_and_one_at_it_assembles(endpoint: str) -> None:
+    raw = (GOLDEN / CAPTURES[endpoint][0]).read_bytes()
+    at_cap = Assembler(endpoint=endpoint, token_ids=True, max_bytes=len(raw))
+    for i in range(0, len(raw), 100):
+        at_cap.feed(raw[i : i + 100])
+    assert at_cap.body() == orjson.dumps(expected_body(endpoint))
+    over = Assembler(endpoint=endpoint, token_ids=True, max_bytes=len(raw) - 1)
+    over.feed(raw[:-1])
+    with pytest.raises(AnswerTooLarge, match=rf"{len(raw) - 1}-byte cap"):
+        over.feed(raw[-1:])
 
 
 def test_an_error_event_is_reported() -> None:
