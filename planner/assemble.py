@@ -9,7 +9,7 @@ import contextlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -21,7 +21,9 @@ from planner.local import LocalSettings
 from planner.loop import PlannerLoop
 from planner.metrics import PlannerMetrics
 from planner.proxy_admin import ProxyAdmin
-from planner.tensorboard import TensorBoardEvents
+
+if TYPE_CHECKING:
+    from planner.tensorboard import TensorBoardEvents
 
 
 @dataclass
@@ -47,7 +49,13 @@ class Observers:
 
 def observers(registry: CollectorRegistry, log_dir: Path | None = None) -> Observers:
     metrics = PlannerMetrics(registry)
-    tensorboard = TensorBoardEvents(log_dir) if log_dir is not None else None
+    tensorboard = None
+    if log_dir is not None:
+        # Here, not at the top: tensorboardX (with numpy and protobuf) is loaded only when
+        # TensorBoard files are asked for.
+        from planner.tensorboard import TensorBoardEvents
+
+        tensorboard = TensorBoardEvents(log_dir)
     watching: list[PlannerEvents] = [metrics]
     if tensorboard is not None:
         watching.append(tensorboard)

@@ -11,7 +11,6 @@ from enum import StrEnum
 from pathlib import Path
 
 from fleet.kube import ScaleTarget
-from fleet.kube_client import in_cluster_namespace, kube_api
 from fleet.types import Role
 from planner.config import PlannerConfig, PlannerRole
 from planner.connector import Connector
@@ -50,6 +49,10 @@ def backend_roles(config: PlannerConfig) -> dict[PlannerRole, Role]:
 
 def kubernetes_settings(options: KubernetesOptions, config: PlannerConfig) -> KubernetesSettings:
     """Every planned role needs a target, and a selector or a served model name."""
+    # Here, not at the top: the Kubernetes client (kubernetes-asyncio, aiohttp) is loaded only
+    # by a planner that drives pods.
+    from fleet.kube_client import in_cluster_namespace
+
     roles: dict[PlannerRole, KubeRole] = {}
     for role in config.roles:
         target = options.targets.get(role)
@@ -87,6 +90,8 @@ async def build_connector(
     if environment is Environment.LOCAL:
         yield LocalConnector(proxy, local or LocalSettings(), events=events)
         return
+    from fleet.kube_client import kube_api
+
     options = kubernetes or KubernetesOptions()
     settings = kubernetes_settings(options, config)
     async with kube_api(kubeconfig=options.kubeconfig, base_url=options.base_url) as kube:

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 
 from fleet.changes import FleetChanges
 from fleet.discovery import Desired, DiscoverySource, Plan, reconcile
-from fleet.kube_client import in_cluster_namespace, kube_api
 from fleet.pod_backends import KubernetesSource
 from fleet.registry import DuplicateBackend
 from fleet.types import Backend
@@ -130,6 +129,9 @@ async def kubernetes_discovery(
 ) -> AsyncIterator[DiscoveryLoop]:
     """The pod discovery the settings describe, its API client open for as long as this is.
     A kubeconfig that cannot be loaded raises here, at start-up."""
+    # Here, not at the top: only a proxy that discovers pods loads the Kubernetes client.
+    from fleet.kube_client import in_cluster_namespace, kube_api
+
     s = core.settings
     if s.discovery_kubeconfig is not None and not s.discovery_kubeconfig.is_file():
         # Else the client's own complaint names a missing key, not the missing file.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import (
@@ -32,8 +32,6 @@ from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
 from proxy.backends.health import BackendHealth
-from proxy.backends.kv_event_metrics import KvEventsCollector
-from proxy.backends.kv_event_subscribers import KvEventSubscribers
 from proxy.backends.upstream import Upstream, UpstreamPool, split_url
 from proxy.control.request_log import JsonRequestLog
 from proxy.metrics import BackendStateCollector, RouterMetrics
@@ -43,6 +41,9 @@ from rescheduler.executor import BoundedExecutor, LocalMover
 from rescheduler.loop import ReschedulerLoop
 from rescheduler.metrics import ReschedulerMetrics
 from rescheduler.observe import LocalViewSource
+
+if TYPE_CHECKING:
+    from proxy.backends.kv_event_subscribers import KvEventSubscribers
 
 log = logging.getLogger("fleet_proxy")
 
@@ -113,6 +114,9 @@ class ProxyCore:
         self.precise_index = scheduler.services.precise_index
         self.kv_events: KvEventSubscribers | None = None
         if self.precise_index is not None:
+            # Here, not at the top: ZeroMQ is loaded only by a proxy that follows the events.
+            from proxy.backends.kv_event_subscribers import KvEventSubscribers
+
             self.kv_events = KvEventSubscribers(
                 self.fleet,
                 self.precise_index,
@@ -128,6 +132,8 @@ class ProxyCore:
         self.fleet.on_removed(self._forget_backend)
         self.prom.register(BackendStateCollector(self.fleet, self.clock))
         if self.kv_events is not None:
+            from proxy.backends.kv_event_metrics import KvEventsCollector
+
             self.prom.register(
                 KvEventsCollector(self.kv_events, self.clock, lambda: self.prompt_tokens)
             )
