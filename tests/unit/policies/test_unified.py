@@ -26,10 +26,15 @@ def unified_stats(policy: Any) -> dict[str, int]:
     return result
 
 
+def owner_rule(params: dict[str, Any] | None = None) -> Any:
+    """The unified policy with the owner rule alone (what `auto` picks with KV events)."""
+    return build_policy("unified", {"session_home": "never", **(params or {})})
+
+
 def with_owner(params: dict[str, Any] | None = None) -> tuple[Any, str, Backend, list[Backend]]:
     """A unified policy and a session whose first turn (8 blocks) went to `owner`, which is not
     the session's rendezvous home."""
-    policy = build_policy("unified", params)
+    policy = owner_rule(params)
     bs = [backend("owner"), *(backend(f"o{i}") for i in range(3))]
     sid = session_homed_on(bs[1], bs)
     policy.pick(ctx(text_blocks(8), session=sid), [bs[0]], 0.0)  # the only candidate then
@@ -37,7 +42,7 @@ def with_owner(params: dict[str, Any] | None = None) -> tuple[Any, str, Backend,
 
 
 def test_a_session_cached_nowhere_is_placed_by_lmetric() -> None:
-    policy = build_policy("unified")
+    policy = owner_rule()
     bs = [backend("a", in_flight=2), backend("b", in_flight=1), backend("c", in_flight=1)]
     sid = session_homed_on(bs[0], bs)  # the busiest, though not overloaded: 2 <= 4/3 x 2
     d = policy.pick(ctx(text_blocks(8), session=sid), bs, 0.0)
@@ -159,7 +164,7 @@ def test_processes_following_the_same_events_agree_whatever_each_routed() -> Non
     # One policy per worker or replica: each has sent different prompts (its own approximate
     # index) but follows the same engines' events, so each picks the same owner.
     bs = [backend(f"b{i}") for i in range(4)]
-    workers = [build_routing({"policy": "unified", "precise_prefix": {}}) for _ in range(2)]
+    workers = [build_routing({"policy": "unified", "precise_prefix": {}}) for _ in range(2)]  # auto
     for k, policy in enumerate(workers):
         policy.pick(ctx(text_blocks(8), session="s"), [bs[k]], 0.0)  # different histories
         for i, blocks in enumerate((2, 5, 7, 0)):
@@ -173,12 +178,28 @@ def test_processes_following_the_same_events_agree_whatever_each_routed() -> Non
     assert [d.scores["b2"]["cache_ratio"] for d in picks] == [7 / 8, 7 / 8]
 
 
-def test_requests_without_a_session_use_lmetric() -> None:
-    policy = build_policy("unified")
+@pytest.mark.parametrize("mode", ["auto", "never", "when_cold", "always"])
+def test_requests_without_a_session_use_lmetric(mode: str) -> None:
+    policy = build_policy("unified", {"session_home": mode})
     bs = [backend("a", in_flight=3), backend("b", in_flight=1)]
     d = policy.pick(ctx(text_blocks(4)), bs, 0.0)
     assert d.target is bs[1] and d.reason == "unified: lmetric"
     assert sum(unified_stats(policy).values()) == 0
+
+
+def test_auto_follows_the_owner_with_kv_events_and_the_home_without() -> None:
+    bs = [backend(f"b{i}") for i in range(4)]
+    sid = session_homed_on(bs[0], bs)
+    approximate = build_policy("unified")
+    approximate.pick(ctx(text_blocks(8), session=sid), [bs[1]], 0.0)  # cached on b1 only
+    d = approximate.pick(ctx(text_blocks(10), session=sid), bs, 0.0)
+    assert d.target is bs[0] and d.reason == "unified: session home"
+    with_events = build_routing({"policy": "unified", "precise_prefix": {}})
+    announced(with_events, "b1", 7)
+    c = ctx(text_blocks(8), session=sid)
+    c.prompt_token_ids, c.prompt_tokens = TOKENS, len(TOKENS)
+    d = with_events.pick(c, bs, 0.0)
+    assert d.target is bs[1] and d.reason == "unified: affinity"
 
 
 def test_an_unknown_session_home_is_refused() -> None:
@@ -214,6 +235,6 @@ def test_hybrid_high_cache_breaks_on_overload(
 
 
 def test_ceiling_is_soft_when_everyone_is_over_it() -> None:
-    policy = build_policy("unified")
+    policy = owner_rule()
     bs = [backend("a", in_flight=5), backend("b", in_flight=5)]
     assert policy.pick(ctx(text_blocks(2)), bs, 0.0).target.id in {"a", "b"}
