@@ -1,6 +1,6 @@
 """Start, inspect and stop the real vLLM engines of the test tier.
 
-    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events]
+    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events] [--pooling]
     python scripts/real_vllm/engines.py status
     python scripts/real_vllm/engines.py stop
 
@@ -88,6 +88,7 @@ class Options:
     kv_events: bool = False
     max_model_len: int = MAX_MODEL_LEN
     num_gpu_blocks: int | None = None  # a small KV cache makes a few requests evict blocks
+    pooling: bool = False  # the model as an embedding model (pooling routes, no generation)
 
 
 def venv_dir() -> Path:
@@ -221,6 +222,7 @@ def engine_command(
     kv_event_ports: tuple[int, int] | None = None,
     max_model_len: int = MAX_MODEL_LEN,
     num_gpu_blocks: int | None = None,
+    pooling: bool = False,
 ) -> list[str]:
     cmd = [
         str(venv / "bin" / "python"),
@@ -247,6 +249,10 @@ def engine_command(
         cmd += ["--kv-events-config", kv_events_config(*kv_event_ports)]
     if num_gpu_blocks is not None:
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if pooling:
+        # The tiny Llama adapted to embeddings: vLLM then registers its pooling routes
+        # (/v1/embeddings, /pooling, /score, /rerank) instead of the generation ones.
+        cmd += ["--runner", "pooling", "--convert", "embed"]
     return cmd
 
 
@@ -277,6 +283,7 @@ def launch(
                 kv_ports,
                 options.max_model_len,
                 options.num_gpu_blocks,
+                options.pooling,
             ),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -571,6 +578,9 @@ def main(argv: list[str]) -> int:
         type=int,
         help="KV-cache blocks per engine (--num-gpu-blocks-override; default: from memory)",
     )
+    p_start.add_argument(
+        "--pooling", action="store_true", help="run the model as an embedding (pooling) model"
+    )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
     p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")
     p_status = sub.add_parser("status", help="print the engines and whether they answer /health")
@@ -584,6 +594,7 @@ def main(argv: list[str]) -> int:
                 kv_events=args.kv_events,
                 max_model_len=args.max_model_len,
                 num_gpu_blocks=args.num_gpu_blocks,
+                pooling=args.pooling,
             )
             state = start(args.count, args.pd_nixl, args.timeout, options)
             print(state_path(args.pd_nixl))
