@@ -36,7 +36,7 @@ from simulator.openai_api import (
     response_id,
     sse,
 )
-from simulator.pooling_api import POOLING_ROUTES
+from simulator.pooling_api import ROUTES_BY_TASK
 from simulator.request import SimRequest
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -114,7 +114,7 @@ class EngineServer:
         # As vLLM: an engine registers the routes of its model's tasks only, and answers the
         # others with FastAPI's bare 404.
         if self.engine.profile.runner == "pooling":
-            for path in POOLING_ROUTES:
+            for path in ROUTES_BY_TASK[self.engine.profile.pooling_task]:
                 r.add_post(path, self._pooling)
         else:
             r.add_post("/v1/completions", self._completions)
@@ -394,13 +394,13 @@ class EngineServer:
                     status=404,
                     param="model",
                 )
-            answer = POOLING_ROUTES[request.path]
+            answer = ROUTES_BY_TASK[engine.profile.pooling_task][request.path]
             encode = engine.tokenizer.encode
             self.in_flight += 1
             try:
                 # The engine's hand-off cost, so that a pooling request is in flight a while.
                 await engine.time.sleep_until(engine.time.now() + engine.profile.request_overhead_s)
-                result = answer(body, engine.model_name, encode, engine.profile.embedding_dims)
+                result = answer(body, engine.model_name, encode, engine.profile.pooled_size)
             finally:
                 self.in_flight -= 1
         except ApiError as e:

@@ -44,6 +44,14 @@ embedding model), instead:
   error_generation_route.json    404 for /v1/completions on a pooling engine
   pooling_manifest.json          requests, statuses and headers, as manifest.json
 
+With --pooling classify (an engine of `engines.py start --count 1 --pooling classify`: the
+model as a two-label classifier), instead:
+
+  openapi_classify.json          GET /openapi.json: the classifying engine's routes
+  classify.json                  POST /classify (two inputs)
+  classify_pooling.json          POST /pooling on that engine
+  classify_manifest.json         requests, statuses and headers, as manifest.json
+
 Uses only the standard library plus httpx (in the project venv).
 """
 
@@ -306,6 +314,17 @@ def capture_pooling(cap: Capture) -> None:
     (cap.out / "pooling_manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
 
 
+def capture_classify(cap: Capture) -> None:
+    """The routes of an engine running the model as a classifier."""
+    m = cap.model
+    cap.json_call("openapi_classify.json", "GET", "/openapi.json")
+    cap.json_call(
+        "classify.json", "POST", "/classify", {"model": m, "input": ["hello world", "goodbye"]}
+    )
+    cap.json_call("classify_pooling.json", "POST", "/pooling", {"model": m, "input": "hello"})
+    (cap.out / "classify_manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
+
+
 def capture_pd(prefill: Capture, decode: Capture, vocab: int) -> None:
     """The two-step NixlConnector protocol (prefill leg, then decode leg), each leg recorded
     as the engines answered."""
@@ -345,7 +364,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--pd", action="store_true", help="capture the P/D pair instead")
     parser.add_argument(
-        "--pooling", action="store_true", help="capture a pooling engine's answers instead"
+        "--pooling",
+        nargs="?",
+        const="embed",
+        choices=("embed", "classify"),
+        help="capture a pooling engine's answers instead (embed, the default, or classify)",
     )
     parser.add_argument("--state", type=Path, help="tier state file (default: by mode)")
     args = parser.parse_args(argv)
@@ -376,8 +399,8 @@ def main(argv: list[str]) -> int:
         return 0
     engine = state["engines"][args.engine]
     cap = Capture(engine["url"], args.out, state["served_model_name"])
-    if args.pooling:
-        capture_pooling(cap)
+    if args.pooling is not None:
+        (capture_classify if args.pooling == "classify" else capture_pooling)(cap)
         print(f"[capture] pooling goldens written to {args.out}", file=sys.stderr)
         return 0
     capture_all(

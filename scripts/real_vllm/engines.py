@@ -1,6 +1,7 @@
 """Start, inspect and stop the real vLLM engines of the test tier.
 
-    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events] [--pooling]
+    python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events]
+                                              [--pooling [classify]]
     python scripts/real_vllm/engines.py status
     python scripts/real_vllm/engines.py stop
 
@@ -88,7 +89,8 @@ class Options:
     kv_events: bool = False
     max_model_len: int = MAX_MODEL_LEN
     num_gpu_blocks: int | None = None  # a small KV cache makes a few requests evict blocks
-    pooling: bool = False  # the model as an embedding model (pooling routes, no generation)
+    # The model as a pooling model (`embed` or `classify`): pooling routes, no generation.
+    pooling: str | None = None
 
 
 def venv_dir() -> Path:
@@ -222,7 +224,7 @@ def engine_command(
     kv_event_ports: tuple[int, int] | None = None,
     max_model_len: int = MAX_MODEL_LEN,
     num_gpu_blocks: int | None = None,
-    pooling: bool = False,
+    pooling: str | None = None,
 ) -> list[str]:
     cmd = [
         str(venv / "bin" / "python"),
@@ -249,10 +251,11 @@ def engine_command(
         cmd += ["--kv-events-config", kv_events_config(*kv_event_ports)]
     if num_gpu_blocks is not None:
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
-    if pooling:
-        # The tiny Llama adapted to embeddings: vLLM then registers its pooling routes
-        # (/v1/embeddings, /pooling, /score, /rerank) instead of the generation ones.
-        cmd += ["--runner", "pooling", "--convert", "embed"]
+    if pooling is not None:
+        # The tiny Llama adapted to a pooling task: vLLM then registers that task's routes
+        # (embed: /v1/embeddings, /pooling, /score, /rerank; classify: /classify, /pooling)
+        # instead of the generation ones.
+        cmd += ["--runner", "pooling", "--convert", pooling]
     return cmd
 
 
@@ -579,7 +582,11 @@ def main(argv: list[str]) -> int:
         help="KV-cache blocks per engine (--num-gpu-blocks-override; default: from memory)",
     )
     p_start.add_argument(
-        "--pooling", action="store_true", help="run the model as an embedding (pooling) model"
+        "--pooling",
+        nargs="?",
+        const="embed",
+        choices=("embed", "classify"),
+        help="run the model as a pooling model: embed (the default) or classify",
     )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
     p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")

@@ -89,7 +89,9 @@ def manifest() -> dict[str, Any]:
 
 # Captured for the proxy's route table (tests/unit/proxy/test_route_table.py), not replayed:
 # the simulator does not publish an OpenAPI document.
-NOT_REPLAYED = frozenset({"metrics.txt", "openapi.json", "openapi_pooling.json"})
+NOT_REPLAYED = frozenset(
+    {"metrics.txt", "openapi.json", "openapi_pooling.json", "openapi_classify.json"}
+)
 
 
 async def replay(http: aiohttp.ClientSession, url: str, manifest: dict[str, Any]) -> int:
@@ -243,3 +245,18 @@ async def test_a_pooling_engine_answers_with_the_same_shapes(tokenizer: Tokenize
         aiohttp.ClientSession() as http,
     ):
         assert await replay(http, fleet.urls[0], manifest) >= 9
+
+
+@pytest.mark.skipif(
+    not (GOLDEN / "classify_manifest.json").exists(),
+    reason=f"classifier captures missing in {GOLDEN}",
+)
+async def test_a_classifying_engine_answers_with_the_same_shapes(tokenizer: Tokenizer) -> None:
+    manifest = json.loads((GOLDEN / "classify_manifest.json").read_text())
+    async with (
+        await start_fleet(
+            1, profile="cpu-tiny-classify", model="tiny", speed=20, tokenizer=tokenizer
+        ) as fleet,
+        aiohttp.ClientSession() as http,
+    ):
+        assert await replay(http, fleet.urls[0], manifest) >= 2
