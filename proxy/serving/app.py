@@ -43,6 +43,7 @@ from proxy.serving.access import (
     client_keys,
 )
 from proxy.serving.admission import AdmissionGate, AdmittedHandler
+from proxy.serving.version import installed_version
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
@@ -240,6 +241,13 @@ def create_app(
             content={"ready": False, "backends": 0},
             headers={"retry-after": "1"},
         )
+
+    # vLLM's /version names the engine's release; the proxy's names its own, one for the fleet.
+    proxy_version = {"version": installed_version()}
+
+    @control.get("/version")
+    async def version() -> dict[str, str]:
+        return proxy_version
 
     aliases = settings.model_aliases
 

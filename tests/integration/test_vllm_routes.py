@@ -13,6 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from fleet.registry import default_backend_id
+from proxy.serving.version import installed_version
 from simulator.fleet import SimFleet, start_fleet
 from tests.support.servers import fast_settings, running_proxy
 
@@ -168,3 +169,13 @@ async def test_a_pooling_route_takes_post_only() -> None:
     ):
         r = await client.get(url + "/v2/rerank")
     assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+async def test_version_is_the_proxys_own() -> None:
+    async with (
+        running_proxy(fast_settings([]), wait_ready=False) as (url, _),
+        httpx.AsyncClient() as client,
+    ):
+        r = await client.get(url + "/version")
+    assert r.status_code == 200
+    assert r.json() == {"version": installed_version()}
