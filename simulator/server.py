@@ -35,6 +35,7 @@ from simulator.openai_api import (
     parse_request,
     response_id,
     sse,
+    unknown_model,
 )
 from simulator.pooling_api import ROUTES_BY_TASK
 from simulator.request import SimRequest
@@ -389,11 +390,7 @@ class EngineServer:
                 raise ApiError("the request body must be a JSON object")
             model = body.get("model", engine.model_name)
             if model != engine.model_name:
-                raise ApiError(
-                    f"The model `{model}` does not exist. Valid aliases: {engine.model_name}.",
-                    status=404,
-                    param="model",
-                )
+                raise unknown_model(model, engine.model_name)
             answer = ROUTES_BY_TASK[engine.profile.pooling_task][request.path]
             encode = engine.tokenizer.encode
             self.in_flight += 1
