@@ -66,6 +66,15 @@ class ParsedRequest:
     lora: str | None = None  # the LoRA adapter `model` names, if it names one
 
 
+def unknown_model(model: Any, served_model: str) -> ApiError:
+    """vLLM's 404 for a request naming a model the engine does not serve."""
+    return ApiError(
+        f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+        status=404,
+        param="model",
+    )
+
+
 def _get_int(body: dict[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
@@ -143,11 +152,7 @@ def parse_request(
     model = body.get("model", served_model)
     lora = model if isinstance(model, str) and model in adapters else None
     if model != served_model and lora is None:
-        raise ApiError(
-            f"The model `{model}` does not exist. Valid aliases: {served_model}.",
-            status=404,
-            param="model",
-        )
+        raise unknown_model(model, served_model)
     prompt_ids = (
         chat_prompt_ids(body, tokenizer) if kind == CHAT else completion_prompt_ids(body, tokenizer)
     )

@@ -56,6 +56,11 @@ class Profile:
     # Engine seconds from a request's arrival until the scheduler can take it: the API
     # server's parsing, tokenization and hand-off to the engine core.
     request_overhead_s: float = 0.0
+    # `generate` serves completions and chat; `pooling` runs the model as a pooling model,
+    # serving its task's routes instead (vLLM's `--runner pooling --convert TASK`).
+    runner: str = "generate"
+    pooling_task: str = "embed"  # or `classify`
+    pooled_size: int = 256  # an embedding's dimensions, or a classifier's labels
 
     def with_overrides(self, **overrides: Any) -> Profile:
         return replace(self, **overrides)

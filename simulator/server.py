@@ -35,7 +35,9 @@ from simulator.openai_api import (
     parse_request,
     response_id,
     sse,
+    unknown_model,
 )
+from simulator.pooling_api import ROUTES_BY_TASK
 from simulator.request import SimRequest
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -44,6 +46,15 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+@web.middleware
+async def _fastapi_not_found(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """A path the engine does not serve, answered as vLLM's FastAPI does."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, 404)
 
 
 class _StreamCut(Exception):
@@ -88,7 +99,7 @@ class EngineServer:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
-        middlewares = [self._hang_middleware]
+        middlewares = [_fastapi_not_found, self._hang_middleware]
         if self.api_key is not None:
             middlewares.insert(0, self._key_middleware)
         app = web.Application(middlewares=middlewares, client_max_size=64 << 20)
@@ -101,8 +112,14 @@ class EngineServer:
         r.add_get("/metrics", self._metrics)
         r.add_post("/tokenize", self._tokenize)
         r.add_post("/detokenize", self._detokenize)
-        r.add_post("/v1/completions", self._completions)
-        r.add_post("/v1/chat/completions", self._chat)
+        # As vLLM: an engine registers the routes of its model's tasks only, and answers the
+        # others with FastAPI's bare 404.
+        if self.engine.profile.runner == "pooling":
+            for path in ROUTES_BY_TASK[self.engine.profile.pooling_task]:
+                r.add_post(path, self._pooling)
+        else:
+            r.add_post("/v1/completions", self._completions)
+            r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/inference/v1/abort_requests", self._abort_requests)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         r.add_get("/_sim/faults", self._get_faults)
@@ -365,6 +382,30 @@ class EngineServer:
         return _json({"num_tokens": req.num_computed})
 
     # ---- completions --------------------------------------------------------------------------
+    async def _pooling(self, request: web.Request) -> web.Response:
+        engine = self.engine
+        try:
+            body = await self._read_json(request)
+            if not isinstance(body, dict):
+                raise ApiError("the request body must be a JSON object")
+            model = body.get("model", engine.model_name)
+            if model != engine.model_name:
+                raise unknown_model(model, engine.model_name)
+            answer = ROUTES_BY_TASK[engine.profile.pooling_task][request.path]
+            encode = engine.tokenizer.encode
+            self.in_flight += 1
+            try:
+                # The engine's hand-off cost, so that a pooling request is in flight a while.
+                await engine.time.sleep_until(engine.time.now() + engine.profile.request_overhead_s)
+                result = answer(body, engine.model_name, encode, engine.profile.pooled_size)
+            finally:
+                self.in_flight -= 1
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        if engine.faults.should_error():
+            return _json(error_body("simulated engine error", 500), 500)
+        return _json(result)
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, COMPLETIONS)
 

@@ -33,6 +33,7 @@ from proxy.request.body import (
 from proxy.request.body_budget import BodyBudget
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
+from proxy.request.routes import HOT_ROUTES
 from proxy.request.session import RequestSession
 from proxy.stream.continuation import Movability, movability
 
@@ -79,16 +80,6 @@ _SINGLE_VALUED_REQUEST_HEADERS = frozenset(
 )
 # A request still running after this long starts watching for its client leaving.
 WATCH_AFTER_S = 0.05
-
-# Paths served by this handler: (endpoint name, generates tokens)
-HOT_ROUTES: dict[str, tuple[str, bool]] = {
-    "/v1/completions": ("completions", True),
-    "/v1/chat/completions": ("chat/completions", True),
-    "/v1/embeddings": ("embeddings", False),
-    "/tokenize": ("tokenize", False),
-    "/detokenize": ("detokenize", False),
-}
-
 
 _DISABLED = Movability(movable=False, planned=False, reason="disabled")
 _NOT_STREAMED = Movability(movable=False, planned=False, reason="not_streamed")

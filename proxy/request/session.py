@@ -47,6 +47,7 @@ from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
 from proxy.request.mover import Break, Mover, Splice
 from proxy.request.retries import tried_again
+from proxy.request.routes import POOLING_ENDPOINTS, not_a_pooling_model
 from proxy.request.tracking import lost_ending, spliced_stream, tracked_request
 from proxy.request.upstream_failures import (
     RETRYABLE_STATUS,
@@ -476,6 +477,8 @@ class RequestSession:
             )
             if shaped is not None:
                 whole = shaped
+                if status == 404 and ctx.endpoint in POOLING_ENDPOINTS:
+                    status, whole = 400, not_a_pooling_model(ctx.model, self.path)
             self.answer = whole
             self.dispatch.prefilled()
             headers = self._headers(leg, json_body=shaped is not None)

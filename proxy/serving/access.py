@@ -21,7 +21,7 @@ from typing import Protocol
 
 from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
-from proxy.request.entry import HOT_ROUTES
+from proxy.request.routes import HOT_ROUTES
 from proxy.settings import check_api_key
 
 

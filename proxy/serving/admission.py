@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import RequestLog
-from proxy.request.entry import HOT_ROUTES
+from proxy.request.routes import HOT_ROUTES
 from proxy.serving.wiring import ProxyCore
 
 REJECT_REASONS = ("queue_full", "queue_timeout")

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,8 @@ from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
-from proxy.request.entry import HOT_ROUTES, Forwarder
+from proxy.request.entry import Forwarder
+from proxy.request.routes import HOT_ROUTES, REFUSED, Route, refusal_message
 from proxy.serving.access import (
     ControlPlaneKeys,
     KeyCheck,
@@ -42,6 +43,7 @@ from proxy.serving.access import (
     client_keys,
 )
 from proxy.serving.admission import AdmissionGate, AdmittedHandler
+from proxy.serving.version import installed_version
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
@@ -110,6 +112,20 @@ async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:
 def _no_route(method: str, path: str) -> str:
     served = ", ".join(["/v1/models", *HOT_ROUTES])
     return f"fleet-proxy does not serve {method} {path}; its OpenAI-compatible paths: {served}"
+
+
+def _refuser(route: Route) -> Callable[[], Awaitable[Response]]:
+    """The handler of a route vLLM serves and the proxy refuses (proxy/request/routes.py)."""
+    kind = _REFUSAL_TYPES[route.status]
+    message = refusal_message(route)
+
+    async def refuse() -> Response:
+        return _openai_error(route.status, message, kind)
+
+    return refuse
+
+
+_REFUSAL_TYPES = {403: "permission_error", 501: "not_implemented_error"}
 
 
 def _openai_error(status: int, message: str, type_: str) -> Response:
@@ -226,6 +242,13 @@ def create_app(
             headers={"retry-after": "1"},
         )
 
+    # vLLM's /version names the engine's release; the proxy's names its own, one for the fleet.
+    proxy_version = {"version": installed_version()}
+
+    @control.get("/version")
+    async def version() -> dict[str, str]:
+        return proxy_version
+
     aliases = settings.model_aliases
 
     @control.get("/v1/models")
@@ -242,6 +265,10 @@ def create_app(
             ]
         return {"object": "list", "data": data}
 
+    for route in REFUSED:
+        control.add_api_route(
+            route.path, _refuser(route), methods=list(route.methods), include_in_schema=False
+        )
     control.include_router(admin_router(core, changes, sync, planner))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner

@@ -238,12 +238,9 @@ def run_reschedule(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from proxy.serving.version import installed_version
 
-    try:
-        return version("fleet-proxy")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "(not installed)"
+    return installed_version()
 
 
 class _VersionAction(argparse.Action):

@@ -6,6 +6,7 @@ Reads the tier's state file (see engines.py) and talks to ONE engine only, so th
 are not distorted by a second busy engine on the same cores. Writes, into --out:
 
   models.json, version.json      GET /v1/models, GET /version
+  openapi.json                   GET /openapi.json: every route the engine serves
   tokenize.json                  POST /tokenize
   completion.json                POST /v1/completions (return_token_ids)
   completion_stream.txt          the same, streamed with usage: raw SSE bytes
@@ -13,6 +14,7 @@ are not distorted by a second busy engine on the same cores. Writes, into --out:
   chat_stream.txt                streamed chat with include_usage + return_token_ids: raw SSE bytes
   error_prompt_too_long.json     400 for a prompt over --max-model-len
   error_unknown_model.json       404 for a model the server does not serve
+  error_pooling_route.json       404 for /v1/embeddings, which a generation engine lacks
   metrics.txt                    GET /metrics after the requests above, incl. prefix-cache hits
   timings.json                   TTFT and per-output-token seconds by prompt length
   manifest.json                  for each file: the request that produced it, status, headers
@@ -26,6 +28,29 @@ With --pd (the prefill/decode pair of `engines.py start --pd-nixl`), instead:
   pd_prefill_metrics.txt         /metrics of both engines afterwards (vllm:nixl_* on decode)
   pd_decode_metrics.txt
   pd_manifest.json               requests, statuses and headers, as manifest.json
+
+With --pooling (an engine of `engines.py start --count 1 --pooling`: the model as an
+embedding model), instead:
+
+  openapi_pooling.json           GET /openapi.json: the pooling engine's routes
+  pooling_models.json            GET /v1/models
+  embeddings.json                POST /v1/embeddings (two inputs)
+  embeddings_base64.json         the same with encoding_format base64
+  pooling.json                   POST /pooling
+  score.json                     POST /score (one text_1, two text_2)
+  rerank.json                    POST /v1/rerank (top_n 2 of 3 documents)
+  rerank_v2.json                 POST /v2/rerank
+  error_classify_route.json      404 for /classify, which an embedding engine lacks
+  error_generation_route.json    404 for /v1/completions on a pooling engine
+  pooling_manifest.json          requests, statuses and headers, as manifest.json
+
+With --pooling classify (an engine of `engines.py start --count 1 --pooling classify`: the
+model as a two-label classifier), instead:
+
+  openapi_classify.json          GET /openapi.json: the classifying engine's routes
+  classify.json                  POST /classify (two inputs)
+  classify_pooling.json          POST /pooling on that engine
+  classify_manifest.json         requests, statuses and headers, as manifest.json
 
 Uses only the standard library plus httpx (in the project venv).
 """
@@ -195,6 +220,7 @@ def capture_all(
     m = cap.model
     cap.json_call("models.json", "GET", "/v1/models")
     cap.json_call("version.json", "GET", "/version")
+    cap.json_call("openapi.json", "GET", "/openapi.json")
     cap.json_call(
         "tokenize.json",
         "POST",
@@ -238,6 +264,9 @@ def capture_all(
         "/v1/completions",
         {**completion, "model": "no-such-model"},
     )
+    cap.json_call(
+        "error_pooling_route.json", "POST", "/v1/embeddings", {"model": m, "input": "hello"}
+    )
     # Prefix hits before the metrics snapshot: a 600-token prompt, then two that extend it.
     rng = random.Random(3)
     prefix = unique_prompt_ids(rng, 600, vocab)
@@ -252,6 +281,48 @@ def capture_all(
 
 
 REMOTE_DECODE = remote_decode_params()
+
+
+def capture_pooling(cap: Capture) -> None:
+    """The pooling routes' answers, from an engine running the model as an embedding model."""
+    m = cap.model
+    cap.json_call("openapi_pooling.json", "GET", "/openapi.json")
+    cap.json_call("pooling_models.json", "GET", "/v1/models")
+    embed = {"model": m, "input": ["hello world", "the river runs"]}
+    cap.json_call("embeddings.json", "POST", "/v1/embeddings", embed)
+    cap.json_call(
+        "embeddings_base64.json", "POST", "/v1/embeddings", {**embed, "encoding_format": "base64"}
+    )
+    cap.json_call("pooling.json", "POST", "/pooling", {"model": m, "input": "hello world"})
+    score = {"model": m, "text_1": "a cat sat", "text_2": ["a dog sat", "a car drove"]}
+    cap.json_call("score.json", "POST", "/score", score)
+    rerank = {
+        "model": m,
+        "query": "a cat sat",
+        "documents": ["a dog sat", "a car drove", "the cat sat down"],
+        "top_n": 2,
+    }
+    cap.json_call("rerank.json", "POST", "/v1/rerank", rerank)
+    cap.json_call("rerank_v2.json", "POST", "/v2/rerank", rerank)
+    cap.json_call("error_classify_route.json", "POST", "/classify", {"model": m, "input": "x"})
+    cap.json_call(
+        "error_generation_route.json",
+        "POST",
+        "/v1/completions",
+        {"model": m, "prompt": "x", "max_tokens": 2},
+    )
+    (cap.out / "pooling_manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
+
+
+def capture_classify(cap: Capture) -> None:
+    """The routes of an engine running the model as a classifier."""
+    m = cap.model
+    cap.json_call("openapi_classify.json", "GET", "/openapi.json")
+    cap.json_call(
+        "classify.json", "POST", "/classify", {"model": m, "input": ["hello world", "goodbye"]}
+    )
+    cap.json_call("classify_pooling.json", "POST", "/pooling", {"model": m, "input": "hello"})
+    (cap.out / "classify_manifest.json").write_text(json.dumps(cap.manifest, indent=2) + "\n")
 
 
 def capture_pd(prefill: Capture, decode: Capture, vocab: int) -> None:
@@ -292,6 +363,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lengths", default="16,128,512,1024,2048")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--pd", action="store_true", help="capture the P/D pair instead")
+    parser.add_argument(
+        "--pooling",
+        nargs="?",
+        const="embed",
+        choices=("embed", "classify"),
+        help="capture a pooling engine's answers instead (embed, the default, or classify)",
+    )
     parser.add_argument("--state", type=Path, help="tier state file (default: by mode)")
     args = parser.parse_args(argv)
     if args.state is None:
@@ -321,6 +399,10 @@ def main(argv: list[str]) -> int:
         return 0
     engine = state["engines"][args.engine]
     cap = Capture(engine["url"], args.out, state["served_model_name"])
+    if args.pooling is not None:
+        (capture_classify if args.pooling == "classify" else capture_pooling)(cap)
+        print(f"[capture] pooling goldens written to {args.out}", file=sys.stderr)
+        return 0
     capture_all(
         cap,
         int(state["max_model_len"]),

@@ -1,6 +1,7 @@
 """Start, inspect and stop the real vLLM engines of the test tier.
 
     python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events]
+                                              [--pooling [classify]]
     python scripts/real_vllm/engines.py status
     python scripts/real_vllm/engines.py stop
 
@@ -88,6 +89,8 @@ class Options:
     kv_events: bool = False
     max_model_len: int = MAX_MODEL_LEN
     num_gpu_blocks: int | None = None  # a small KV cache makes a few requests evict blocks
+    # The model as a pooling model (`embed` or `classify`): pooling routes, no generation.
+    pooling: str | None = None
 
 
 def venv_dir() -> Path:
@@ -221,6 +224,7 @@ def engine_command(
     kv_event_ports: tuple[int, int] | None = None,
     max_model_len: int = MAX_MODEL_LEN,
     num_gpu_blocks: int | None = None,
+    pooling: str | None = None,
 ) -> list[str]:
     cmd = [
         str(venv / "bin" / "python"),
@@ -247,6 +251,11 @@ def engine_command(
         cmd += ["--kv-events-config", kv_events_config(*kv_event_ports)]
     if num_gpu_blocks is not None:
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if pooling is not None:
+        # The tiny Llama adapted to a pooling task: vLLM then registers that task's routes
+        # (embed: /v1/embeddings, /pooling, /score, /rerank; classify: /classify, /pooling)
+        # instead of the generation ones.
+        cmd += ["--runner", "pooling", "--convert", pooling]
     return cmd
 
 
@@ -277,6 +286,7 @@ def launch(
                 kv_ports,
                 options.max_model_len,
                 options.num_gpu_blocks,
+                options.pooling,
             ),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -571,6 +581,13 @@ def main(argv: list[str]) -> int:
         type=int,
         help="KV-cache blocks per engine (--num-gpu-blocks-override; default: from memory)",
     )
+    p_start.add_argument(
+        "--pooling",
+        nargs="?",
+        const="embed",
+        choices=("embed", "classify"),
+        help="run the model as a pooling model: embed (the default) or classify",
+    )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
     p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")
     p_status = sub.add_parser("status", help="print the engines and whether they answer /health")
@@ -584,6 +601,7 @@ def main(argv: list[str]) -> int:
                 kv_events=args.kv_events,
                 max_model_len=args.max_model_len,
                 num_gpu_blocks=args.num_gpu_blocks,
+                pooling=args.pooling,
             )
             state = start(args.count, args.pd_nixl, args.timeout, options)
             print(state_path(args.pd_nixl))

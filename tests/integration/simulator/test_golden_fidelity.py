@@ -87,6 +87,41 @@ def manifest() -> dict[str, Any]:
     return json.loads((GOLDEN / "manifest.json").read_text())
 
 
+# Captured for the proxy's route table (tests/unit/proxy/test_route_table.py), not replayed:
+# the simulator does not publish an OpenAPI document.
+NOT_REPLAYED = frozenset(
+    {"metrics.txt", "openapi.json", "openapi_pooling.json", "openapi_classify.json"}
+)
+
+
+async def replay(http: aiohttp.ClientSession, url: str, manifest: dict[str, Any]) -> int:
+    """Every captured request against the simulator at `url`; returns how many it replayed."""
+    replayed = 0
+    for name, entry in manifest.items():
+        if name in NOT_REPLAYED or not (GOLDEN / name).exists():
+            continue
+        async with http.request(entry["method"], url + entry["path"], json=entry["request"]) as r:
+            assert r.status == entry["status"], name
+            want_type = entry["headers"]["content-type"]
+            assert r.headers["Content-Type"] == want_type, name
+            body = await r.text()
+        golden = (GOLDEN / name).read_text()
+        if name.endswith(".txt"):
+            got_chunks, got_done = sse_chunks(body)
+            want_chunks, want_done = sse_chunks(golden)
+            assert got_done and want_done, name
+            assert stream_shapes(got_chunks) == stream_shapes(want_chunks), name
+        else:
+            got, want = orjson.loads(body), json.loads(golden)
+            assert shape(got) == shape(want), name
+            if "error" in want or "detail" in want:
+                assert got == want, name  # vLLM's exact messages
+            if name == "version.json":
+                assert got == want
+        replayed += 1
+    return replayed
+
+
 async def test_replayed_requests_answer_with_the_same_shapes(
     tokenizer: Tokenizer, manifest: dict[str, Any]
 ) -> None:
@@ -97,32 +132,7 @@ async def test_replayed_requests_answer_with_the_same_shapes(
         aiohttp.ClientSession() as http,
     ):
         url = fleet.urls[0]
-        replayed = 0
-        for name, entry in manifest.items():
-            if name == "metrics.txt" or not (GOLDEN / name).exists():
-                continue
-            async with http.request(
-                entry["method"], url + entry["path"], json=entry["request"]
-            ) as r:
-                assert r.status == entry["status"], name
-                want_type = entry["headers"]["content-type"]
-                assert r.headers["Content-Type"] == want_type, name
-                body = await r.text()
-            golden = (GOLDEN / name).read_text()
-            if name.endswith(".txt"):
-                got_chunks, got_done = sse_chunks(body)
-                want_chunks, want_done = sse_chunks(golden)
-                assert got_done and want_done, name
-                assert stream_shapes(got_chunks) == stream_shapes(want_chunks), name
-            else:
-                got, want = orjson.loads(body), json.loads(golden)
-                assert shape(got) == shape(want), name
-                if "error" in want:
-                    assert got == want, name  # vLLM's exact messages
-                if name == "version.json":
-                    assert got == want
-            replayed += 1
-        assert replayed >= 8
+        assert await replay(http, url, manifest) >= 8
 
         async with http.get(url + "/metrics") as r:
             assert r.headers["Content-Type"] == manifest["metrics.txt"]["headers"]["content-type"]
@@ -218,3 +228,35 @@ async def test_pd_legs_answer_with_the_same_shapes(tokenizer: Tokenizer) -> None
         and s.labels["source"] == "external_kv_transfer"
     ]
     assert transferred == [600.0]
+
+
+@pytest.mark.skipif(
+    not (GOLDEN / "pooling_manifest.json").exists(),
+    reason=f"pooling captures missing in {GOLDEN}",
+)
+async def test_a_pooling_engine_answers_with_the_same_shapes(tokenizer: Tokenizer) -> None:
+    """An engine of the cpu-tiny-embed profile answers every captured pooling request (and
+    the generation route it lacks) as vLLM running the tiny model as an embedding model."""
+    manifest = json.loads((GOLDEN / "pooling_manifest.json").read_text())
+    async with (
+        await start_fleet(
+            1, profile="cpu-tiny-embed", model="tiny", speed=20, tokenizer=tokenizer
+        ) as fleet,
+        aiohttp.ClientSession() as http,
+    ):
+        assert await replay(http, fleet.urls[0], manifest) >= 9
+
+
+@pytest.mark.skipif(
+    not (GOLDEN / "classify_manifest.json").exists(),
+    reason=f"classifier captures missing in {GOLDEN}",
+)
+async def test_a_classifying_engine_answers_with_the_same_shapes(tokenizer: Tokenizer) -> None:
+    manifest = json.loads((GOLDEN / "classify_manifest.json").read_text())
+    async with (
+        await start_fleet(
+            1, profile="cpu-tiny-classify", model="tiny", speed=20, tokenizer=tokenizer
+        ) as fleet,
+        aiohttp.ClientSession() as http,
+    ):
+        assert await replay(http, fleet.urls[0], manifest) >= 2
