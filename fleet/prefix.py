@@ -267,12 +267,10 @@ class PrefixIndex:
 
     def set_capacity(self, backend_id: str, blocks: int) -> None:
         cap = self._capacity[backend_id] = max(1, blocks)
+        self._latest.pop(backend_id, None)  # rare (a capacity that changed): no reasoning
         lru = self._blocks.get(backend_id)
         if lru is not None:
             self._evict(backend_id, lru, cap)
-        latest = self._latest.get(backend_id)
-        if latest is not None and len(latest) > cap:
-            del self._latest[backend_id]
 
     def capacity(self, backend_id: str) -> int:
         return self._capacity.get(backend_id, self.default_capacity_blocks)
