@@ -79,7 +79,7 @@ class PromptHasher:
     first block: a conversation whose client sends no session id, or the same prompt sent
     again. A prompt is not kept, only a 128-bit digest of its hashed part, which one C call
     checks against the new prompt's head; a failed check costs that one call and the prompt
-    is hashed from scratch."""
+    is hashed from scratch. Each kind keeps its `sessions` most recently used resume points."""
 
     def __init__(self, chars_per_block: int, sessions: int = 4096) -> None:
         self.chars_per_block = chars_per_block
@@ -188,12 +188,12 @@ class PrefixIndex:
     def match(self, hashes: list[int]) -> PrefixMatch:
         """How many leading blocks of `hashes` each backend holds.
 
-        A backend holds a prefix of every prompt's blocks: hashes are chained, so a prompt that
-        holds block i held blocks 0..i-1 when it was recorded, and `record` makes a prompt's
-        tail the first of its blocks to be evicted. So each backend holding the first block
-        is asked for the last one (a backend that holds the whole prompt, the common case,
-        costs one lookup) and otherwise binary-searched for its last held block:
-        O(owners x log blocks) lookups instead of walking every block."""
+        A backend holds a prefix of every prompt's blocks: hashes are chained, so whatever
+        prompt sent it block i sent it blocks 0..i-1 too, and `record` makes a prompt's tail
+        the first of its blocks to be evicted. So each backend holding the first block is
+        asked for the last one (one lookup for a backend holding the whole prompt, the common
+        case) and otherwise binary-searched for its last held block: O(owners x log blocks)
+        lookups instead of walking every block."""
         if not hashes:
             return PrefixMatch(0, {}, self.chars_per_block)
         first = self._owners.get(hashes[0])
