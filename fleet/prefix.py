@@ -21,12 +21,15 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import xxhash
 
 DEFAULT_CHARS_PER_BLOCK = 64  # llm-d: 16-token blocks x 4 characters per token
 DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
+# Block hashes the prompt hasher keeps to resume from, per kind (sessions, sessionless): about
+# 10 MB at most, 4,096 prompts of 64 blocks or 130 of 2,000.
+DEFAULT_RESUME_BLOCKS = 262_144
 
 K = TypeVar("K", bound=Hashable)
 
@@ -70,6 +73,33 @@ class _Resumable:
         self.hashes = hashes
 
 
+class _ResumePoints(Generic[K]):
+    """Resume points, least recently used first, bounded in number and in the block hashes
+    they keep alive. An OrderedDict, read in place: a get-and-touch is two C calls, where
+    cachetools' LRUCache runs Python per access."""
+
+    __slots__ = ("blocks", "entries", "max_blocks", "max_entries")
+
+    def __init__(self, max_entries: int, max_blocks: int) -> None:
+        self.entries: OrderedDict[K, _Resumable] = OrderedDict()
+        self.max_entries = max_entries
+        self.max_blocks = max_blocks
+        self.blocks = 0
+
+    def put(self, key: K, entry: _Resumable) -> None:
+        entries = self.entries
+        old = entries.pop(key, None)
+        if old is not None:
+            self.blocks -= len(old.hashes)
+        if len(entry.hashes) > self.max_blocks:
+            return  # one prompt over the whole budget: not worth the memory
+        entries[key] = entry
+        self.blocks += len(entry.hashes)
+        while len(entries) > self.max_entries or self.blocks > self.max_blocks:
+            _, gone = entries.popitem(last=False)
+            self.blocks -= len(gone.hashes)
+
+
 class PromptHasher:
     """`block_hashes` that resumes from an earlier prompt when the new prompt extends it, so
     that a prompt hashes only its blocks not seen before.
@@ -79,15 +109,19 @@ class PromptHasher:
     first block: a conversation whose client sends no session id, or the same prompt sent
     again. A prompt is not kept, only a 128-bit digest of its hashed part, which one C call
     checks against the new prompt's head; a failed check costs that one call and the prompt
-    is hashed from scratch. Each kind keeps its `sessions` most recently used resume points."""
+    is hashed from scratch. Each kind keeps at most `sessions` resume points and `max_blocks`
+    block hashes in them, the least recently used going first."""
 
-    def __init__(self, chars_per_block: int, sessions: int = 4096) -> None:
+    def __init__(
+        self,
+        chars_per_block: int,
+        sessions: int = 4096,
+        max_blocks: int = DEFAULT_RESUME_BLOCKS,
+    ) -> None:
         self.chars_per_block = chars_per_block
         self.capacity = sessions
-        # Resume points, least recently used first (an OrderedDict: a get-and-touch is two C
-        # calls, where cachetools' LRUCache runs Python per access).
-        self._sessions: OrderedDict[tuple[str, str], _Resumable] = OrderedDict()
-        self._heads: OrderedDict[int, _Resumable] = OrderedDict()  # by first block's hash
+        self._sessions: _ResumePoints[tuple[str, str]] = _ResumePoints(sessions, max_blocks)
+        self._heads: _ResumePoints[int] = _ResumePoints(sessions, max_blocks)  # by 1st block
         self.resumed = 0
 
     def hashes(self, text: str, model: str, session: str | None = None) -> list[int]:
@@ -102,21 +136,16 @@ class PromptHasher:
         return self._resume(self._sessions, (model, session), data, seed, None)
 
     def _resume(
-        self,
-        recent: OrderedDict[K, _Resumable],
-        key: K,
-        data: bytes,
-        seed: int,
-        first: int | None,
+        self, points: _ResumePoints[K], key: K, data: bytes, seed: int, first: int | None
     ) -> list[int]:
         cpb = self.chars_per_block
-        prev = recent.get(key)
+        prev = points.entries.get(key)
         if (
             prev is not None
             and len(data) >= prev.length
             and xxhash.xxh3_128_digest(memoryview(data)[: prev.length]) == prev.digest
         ):
-            recent.move_to_end(key)  # a use
+            points.entries.move_to_end(key)  # a use
             self.resumed += 1
             hashes, start = prev.hashes[:], prev.length
             if len(data) - start < cpb:
@@ -126,10 +155,7 @@ class PromptHasher:
         else:  # the first block, hashed for the key already
             hashes, start = [first], cpb
         end = _extend(data, start, cpb, hashes[-1] if hashes else seed, hashes)
-        recent[key] = _Resumable(end, xxhash.xxh3_128_digest(memoryview(data)[:end]), hashes)
-        recent.move_to_end(key)
-        if len(recent) > self.capacity:
-            recent.popitem(last=False)
+        points.put(key, _Resumable(end, xxhash.xxh3_128_digest(memoryview(data)[:end]), hashes))
         return hashes
 
 

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet.prefix import PrefixIndex, block_hashes
+from fleet.prefix import PrefixIndex, PromptHasher, block_hashes
 
 CPB = 4  # small blocks: short texts of many blocks, prompts sharing heads
 BACKENDS = ("A", "B", "C")
@@ -160,3 +160,30 @@ def test_any_blocks_are_recorded_in_the_same_order(
         plain.record(backend, hashes)
         assert lru_orders(index) == {b: list(lru) for b, lru in plain.blocks.items()}
         assert index.size() == plain.size
+
+
+def test_resume_points_are_bounded_by_the_blocks_they_keep() -> None:
+    hasher = PromptHasher(chars_per_block=CPB, sessions=100, max_blocks=5)
+    first, second = "a" * 12, "b" * 12  # 3 blocks each
+    hasher.hashes(first, "m", "s1")
+    hasher.hashes(second, "m", "s2")  # 6 blocks kept would be over 5: s1's point goes
+    hasher.hashes(second, "m", "s2")
+    assert hasher.resumed == 1
+    hasher.hashes(first + "cccc", "m", "s1")
+    assert hasher.resumed == 1
+    # A prompt over the whole budget is hashed but not kept, and pushes nothing else out.
+    hasher.hashes("d" * 24, "m", "s3")
+    hasher.hashes("d" * 28, "m", "s3")
+    assert hasher.resumed == 1
+    hasher.hashes(first + "cccc" + "eeee", "m", "s1")
+    assert hasher.resumed == 2
+
+
+def test_a_sessionless_prompt_resumes_from_the_last_one_with_its_first_block() -> None:
+    hasher = PromptHasher(chars_per_block=CPB)
+    turn1, turn2 = "aaaabbbb", "aaaabbbbcccc"
+    for text in (turn1, turn2, turn2, "aaaadddd", turn2):
+        assert hasher.hashes(text, "m") == block_hashes(text, "m", CPB)
+    # turn2 extends turn1 and repeats itself; "aaaadddd" shares only the first block, and
+    # turn2 after it is hashed from scratch.
+    assert hasher.resumed == 2
