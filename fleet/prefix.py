@@ -18,15 +18,20 @@ makes one lookup cost O(backends holding the first block x log blocks).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Generic, TypeVar
 
 import xxhash
-from cachetools import LRUCache
 
 DEFAULT_CHARS_PER_BLOCK = 64  # llm-d: 16-token blocks x 4 characters per token
 DEFAULT_CAPACITY_BLOCKS = 31_250  # llm-d's default LRU capacity per server
+# Block hashes the prompt hasher keeps to resume from, per kind (sessions, sessionless): about
+# 10 MB at most, 4,096 prompts of 64 blocks or 130 of 2,000.
+DEFAULT_RESUME_BLOCKS = 262_144
+
+K = TypeVar("K", bound=Hashable)
 
 
 @lru_cache(maxsize=1024)  # a handful of model names, hashed once each rather than per request
@@ -68,39 +73,89 @@ class _Resumable:
         self.hashes = hashes
 
 
-class PromptHasher:
-    """`block_hashes` that resumes from a session's previous prompt when the new prompt
-    extends it (the multi-turn case: turn k re-sends turn k-1 and adds to it), so each turn
-    hashes only its new blocks. The previous prompt is not kept, only a 128-bit digest of its
-    hashed part, which one C call checks against the new prompt's head."""
+class _ResumePoints(Generic[K]):
+    """Resume points, least recently used first, bounded in number and in the block hashes
+    they keep alive. An OrderedDict, read in place: a get-and-touch is two C calls, where
+    cachetools' LRUCache runs Python per access."""
 
-    def __init__(self, chars_per_block: int, sessions: int = 4096) -> None:
+    __slots__ = ("blocks", "entries", "max_blocks", "max_entries")
+
+    def __init__(self, max_entries: int, max_blocks: int) -> None:
+        self.entries: OrderedDict[K, _Resumable] = OrderedDict()
+        self.max_entries = max_entries
+        self.max_blocks = max_blocks
+        self.blocks = 0
+
+    def put(self, key: K, entry: _Resumable) -> None:
+        entries = self.entries
+        old = entries.pop(key, None)
+        if old is not None:
+            self.blocks -= len(old.hashes)
+        if len(entry.hashes) > self.max_blocks:
+            return  # one prompt over the whole budget: not worth the memory
+        entries[key] = entry
+        self.blocks += len(entry.hashes)
+        while len(entries) > self.max_entries or self.blocks > self.max_blocks:
+            _, gone = entries.popitem(last=False)
+            self.blocks -= len(gone.hashes)
+
+
+class PromptHasher:
+    """`block_hashes` that resumes from an earlier prompt when the new prompt extends it, so
+    that a prompt hashes only its blocks not seen before.
+
+    With a session, from the session's previous prompt (the multi-turn case: turn k re-sends
+    turn k-1 and adds to it). Without one, from the latest prompt that began with the same
+    first block: a conversation whose client sends no session id, or the same prompt sent
+    again. A prompt is not kept, only a 128-bit digest of its hashed part, which one C call
+    checks against the new prompt's head; a failed check costs that one call and the prompt
+    is hashed from scratch. Each kind keeps at most `sessions` resume points and `max_blocks`
+    block hashes in them, the least recently used going first."""
+
+    def __init__(
+        self,
+        chars_per_block: int,
+        sessions: int = 4096,
+        max_blocks: int = DEFAULT_RESUME_BLOCKS,
+    ) -> None:
         self.chars_per_block = chars_per_block
         self.capacity = sessions
-        self._sessions: LRUCache[tuple[str, str], _Resumable] = LRUCache(maxsize=sessions)
+        self._sessions: _ResumePoints[tuple[str, str]] = _ResumePoints(sessions, max_blocks)
+        self._heads: _ResumePoints[int] = _ResumePoints(sessions, max_blocks)  # by 1st block
         self.resumed = 0
 
     def hashes(self, text: str, model: str, session: str | None = None) -> list[int]:
-        if session is None:
-            return block_hashes(text, model, self.chars_per_block)
         data = text.encode("utf-8", "surrogatepass")
-        key = (model, session)
-        prev = self._sessions.get(key)  # a get counts as a use
+        cpb = self.chars_per_block
+        if len(data) < cpb:
+            return []
+        seed = _model_seed(model)
+        if session is None:
+            first = xxhash.xxh3_64_intdigest(data[:cpb], seed)
+            return self._resume(self._heads, first, data, seed, first)
+        return self._resume(self._sessions, (model, session), data, seed, None)
+
+    def _resume(
+        self, points: _ResumePoints[K], key: K, data: bytes, seed: int, first: int | None
+    ) -> list[int]:
+        cpb = self.chars_per_block
+        prev = points.entries.get(key)
         if (
             prev is not None
             and len(data) >= prev.length
             and xxhash.xxh3_128_digest(memoryview(data)[: prev.length]) == prev.digest
         ):
+            points.entries.move_to_end(key)  # a use
             self.resumed += 1
-            hashes, start = list(prev.hashes), prev.length
-        else:
-            prev = None
+            hashes, start = prev.hashes[:], prev.length
+            if len(data) - start < cpb:
+                return hashes  # no new full block: nothing to hash or to remember
+        elif first is None:
             hashes, start = [], 0
-        parent = hashes[-1] if hashes else _model_seed(model)
-        end = _extend(data, start, self.chars_per_block, parent, hashes)
-        if prev is None or end != start:
-            digest = xxhash.xxh3_128_digest(memoryview(data)[:end])
-            self._sessions[key] = _Resumable(end, digest, hashes)
+        else:  # the first block, hashed for the key already
+            hashes, start = [first], cpb
+        end = _extend(data, start, cpb, hashes[-1] if hashes else seed, hashes)
+        points.put(key, _Resumable(end, xxhash.xxh3_128_digest(memoryview(data)[:end]), hashes))
         return hashes
 
 
@@ -146,27 +201,37 @@ class PrefixIndex:
         self._blocks: dict[str, OrderedDict[int, None]] = {}  # backend -> LRU of block hashes
         self._capacity: dict[str, int] = {}
         self._owners: dict[int, set[str]] = {}  # block hash -> backends holding it
+        # backend -> the blocks of its last `record`, while they are still its most recent
+        # blocks in that order: recording them again would change nothing.
+        self._latest: dict[str, list[int]] = {}
         self._size = 0
         self._hasher = PromptHasher(chars_per_block)
 
     def hashes(self, text: str, model: str, session: str | None = None) -> list[int]:
-        """The prompt's block hashes; with a session, resumed from its previous prompt."""
+        """The prompt's block hashes; resumed from an earlier prompt it extends."""
         return self._hasher.hashes(text, model, session)
 
     def match(self, hashes: list[int]) -> PrefixMatch:
         """How many leading blocks of `hashes` each backend holds.
 
-        A backend holding block i almost always holds blocks 0..i-1 too (hashes are chained
-        and eviction takes tails first, see `record`), so each backend that holds the first
-        block is binary-searched for its last held block: O(owners x log blocks) lookups
-        instead of walking every block."""
+        A backend holds a prefix of every prompt's blocks: hashes are chained, so whatever
+        prompt sent it block i sent it blocks 0..i-1 too, and `record` makes a prompt's tail
+        the first of its blocks to be evicted. So each backend holding the first block is
+        asked for the last one (one lookup for a backend holding the whole prompt, the common
+        case) and otherwise binary-searched for its last held block: O(owners x log blocks)
+        lookups instead of walking every block."""
         if not hashes:
             return PrefixMatch(0, {}, self.chars_per_block)
         first = self._owners.get(hashes[0])
         matched: dict[str, int] = {}
+        n = len(hashes)
+        last = hashes[-1]
         for backend in first or ():
             lru = self._blocks[backend]
-            lo, hi = 1, len(hashes)  # lru holds hashes[:lo]; find the largest such lo
+            if last in lru:
+                matched[backend] = n
+                continue
+            lo, hi = 1, n - 1  # lru holds hashes[:lo], not hashes[n-1]; find the largest lo
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if hashes[mid - 1] in lru:
@@ -174,7 +239,7 @@ class PrefixIndex:
                 else:
                     hi = mid - 1
             matched[backend] = lo
-        return PrefixMatch(len(hashes), matched, self.chars_per_block)
+        return PrefixMatch(n, matched, self.chars_per_block)
 
     def record(self, backend_id: str, hashes: Sequence[int]) -> None:
         """The prompt with these blocks was routed to `backend_id`: it will hold them.
@@ -182,30 +247,56 @@ class PrefixIndex:
         Blocks are touched last-to-first so that a prompt's leading blocks are the most recent
         and its tail is evicted first, as vLLM frees a request's blocks tail first: evicting a
         leading block would orphan every block chained after it."""
+        if self._latest.get(backend_id) == hashes:
+            return  # the same prompt again: its blocks are already the most recent, in order
         lru = self._blocks.get(backend_id)
         if lru is None:
             lru = self._blocks[backend_id] = OrderedDict()
+        # The backend holds a prefix of the prompt (see `match`): the blocks it lacks are the
+        # last ones, found from the end by lookups (not by a KeyError per new block) and
+        # inserted; the blocks it holds are touched. Should one of those be missing after
+        # all, the head is redone block by block: touching again, in the same order, the
+        # blocks already touched changes nothing.
+        n = held = len(hashes)
+        while held and hashes[held - 1] not in lru:
+            held -= 1
+        for i in range(n - 1, held - 1, -1):
+            self._insert(backend_id, lru, hashes[i])
         touch = lru.move_to_end  # bound once: this loop runs per block of every request
-        for h in reversed(hashes):
-            try:
+        try:
+            for h in reversed(hashes) if held == n else reversed(hashes[:held]):
                 touch(h)
-                continue
-            except KeyError:
-                pass
-            lru[h] = None
-            self._size += 1
-            owners = self._owners.get(h)
-            if owners is None:
-                self._owners[h] = {backend_id}
-            else:
-                owners.add(backend_id)
-        self._evict(backend_id, lru)
+        except KeyError:
+            for h in reversed(hashes[:held]):
+                if h in lru:
+                    touch(h)
+                else:
+                    self._insert(backend_id, lru, h)
+        cap = self.capacity(backend_id)
+        self._evict(backend_id, lru, cap)
+        if len(hashes) <= cap:  # eviction takes the oldest blocks first, none of these
+            self._latest[backend_id] = list(hashes)
+        else:
+            self._latest.pop(backend_id, None)
+
+    def _insert(self, backend_id: str, lru: OrderedDict[int, None], h: int) -> None:
+        if h in lru:  # a block seen twice in one prompt: its hash chain repeated itself
+            lru.move_to_end(h)
+            return
+        lru[h] = None
+        self._size += 1
+        owners = self._owners.get(h)
+        if owners is None:
+            self._owners[h] = {backend_id}
+        else:
+            owners.add(backend_id)
 
     def set_capacity(self, backend_id: str, blocks: int) -> None:
-        self._capacity[backend_id] = max(1, blocks)
+        cap = self._capacity[backend_id] = max(1, blocks)
+        self._latest.pop(backend_id, None)  # rare (a capacity that changed): no reasoning
         lru = self._blocks.get(backend_id)
         if lru is not None:
-            self._evict(backend_id, lru)
+            self._evict(backend_id, lru, cap)
 
     def capacity(self, backend_id: str) -> int:
         return self._capacity.get(backend_id, self.default_capacity_blocks)
@@ -213,6 +304,7 @@ class PrefixIndex:
     def remove_backend(self, backend_id: str) -> None:
         lru = self._blocks.pop(backend_id, None)
         self._capacity.pop(backend_id, None)
+        self._latest.pop(backend_id, None)
         if lru is None:
             return
         for h in lru:
@@ -227,8 +319,7 @@ class PrefixIndex:
         lru = self._blocks.get(backend_id)
         return 0 if lru is None else len(lru)
 
-    def _evict(self, backend_id: str, lru: OrderedDict[int, None]) -> None:
-        cap = self.capacity(backend_id)
+    def _evict(self, backend_id: str, lru: OrderedDict[int, None], cap: int) -> None:
         while len(lru) > cap:
             h, _ = lru.popitem(last=False)
             self._size -= 1

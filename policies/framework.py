@@ -178,18 +178,22 @@ class SchedulingRequest:
         scaled by the share of the text the approximate index matched, so this holds whichever
         token counter filled prompt_tokens."""
         if self._uncached is None:
-            tokens = self.ctx.prompt_tokens
-            n = self.text_bytes()
             match = self.prefix()
-            cpb = match.chars_per_block
-            uncached = (
-                {
-                    bid: max(0, round(tokens * (n - min(blocks * cpb, n)) / n))
-                    for bid, blocks in match.matched.items()
-                }
-                if n and match.matched
-                else {}
-            )
+            uncached: dict[str, int] = {}
+            n = self.text_bytes() if match.matched else 0
+            if n:
+                tokens, cpb = self.ctx.prompt_tokens, match.chars_per_block
+                # tokens x the uncached share of the text, with the division and the rounding
+                # done once per distinct match length (usually one: every holder matched it all)
+                by_blocks: dict[int, int] = {}
+                for bid, blocks in match.matched.items():
+                    left = by_blocks.get(blocks)
+                    if left is None:
+                        rest = n - blocks * cpb
+                        left = by_blocks[blocks] = (
+                            max(0, round(tokens * rest / n)) if rest > 0 else 0
+                        )
+                    uncached[bid] = left
             if self.services.precise_index is not None and self.ctx.prompt_token_ids is not None:
                 uncached = self._precise_uncached(uncached)
             self._uncached = uncached

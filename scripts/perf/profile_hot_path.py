@@ -7,6 +7,9 @@ work shares the machine, so it compares code changes fairly. With --profile it p
 functions by own time (cProfile), which is where the README's performance notes come from.
 
     python scripts/perf/profile_hot_path.py [--requests 4000] [--concurrency 32] [--stream]
+
+--prompt-chars N sends the prompt bench_proxy_overhead.py sends with the same option (a
+prefix-aware policy hashes, matches and records one block per 64 characters of it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,15 @@ sys.path.insert(0, str(HERE.parent.parent))
 from proxy.serving.app import create_app  # noqa: E402
 from proxy.settings import load_settings  # noqa: E402
 
-BODY = b'{"model":"fake-model","prompt":"Say something about routers.","max_tokens":16%s}'
+BODY = '{"model":"fake-model","prompt":"%s","max_tokens":16%s}'
+SENTENCE = "Say something about routers."
+
+
+def prompt_of(chars: int | None) -> str:
+    """The sentence, or it repeated to `chars` characters (as bench_proxy_overhead.py does)."""
+    if chars is None:
+        return SENTENCE
+    return (f"{SENTENCE} " * (chars // len(SENTENCE) + 1))[:chars]
 
 
 def free_port() -> int:
@@ -85,7 +96,7 @@ async def run(args: argparse.Namespace, ports: list[int]) -> None:
         ):
             break
         await asyncio.sleep(0.05)
-    body = BODY % (b',"stream":true' if args.stream else b"")
+    body = (BODY % (prompt_of(args.prompt_chars), ',"stream":true' if args.stream else "")).encode()
     await asyncio.gather(*(one_request(app.forwarder, body) for _ in range(200)))  # warm-up
     profiler = cProfile.Profile() if args.profile else None
     queue = iter(range(args.requests))
@@ -107,7 +118,8 @@ async def run(args: argparse.Namespace, ports: list[int]) -> None:
     kind = "streaming (64 events)" if args.stream else "non-streaming"
     print(
         f"{args.requests} {kind} requests at concurrency {args.concurrency}, "
-        f"policy {args.policy}: {1e6 * cpu / args.requests:.0f} us CPU per request "
+        f"policy {args.policy}, {len(prompt_of(args.prompt_chars))}-character prompt: "
+        f"{1e6 * cpu / args.requests:.0f} us CPU per request "
         f"(proxy handler + upstream client + this driver), {args.requests / wall:.0f} req/s "
         f"wall, {bad} non-200"
     )
@@ -121,6 +133,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--policy", default="round_robin")
+    p.add_argument(
+        "--prompt-chars", type=int, default=None, help="send a prompt of this many characters"
+    )
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args()
