@@ -445,6 +445,21 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds a request may wait for a slot; then 429",
     )
+    # The Responses API's stored responses (proxy/request/responses/, docs/api.md "Responses
+    # API"): an SQLite file, or memory when unset (with several workers, a file beside their
+    # shared state instead, so that they see each other's responses).
+    responses_store_path: Path | None = None
+    responses_ttl: float = Field(
+        30 * 86400.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a stored response is kept after it was created",
+    )
+    responses_store_max_bytes: int = Field(
+        256 << 20,
+        ge=1,
+        description="bytes of stored responses kept; past it the oldest go first",
+    )
 
     # --- the rescheduler (rescheduler/, docs/rescheduler.md): moves live requests between
     # backends to balance load and to leave failing ones, every rescheduling_interval_ms.

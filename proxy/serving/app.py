@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +36,11 @@ from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
 from proxy.request.entry import Forwarder
+from proxy.request.leg_services import LegServices
+from proxy.request.responses.handler import ResponsesApi
+from proxy.request.responses.handler import serves as serves_responses
+from proxy.request.responses.sqlite_store import SqliteResponseStore
+from proxy.request.responses.store import ResponseStore
 from proxy.request.routes import HOT_ROUTES, REFUSED, Route, refusal_message
 from proxy.serving.access import (
     ControlPlaneKeys,
@@ -56,18 +62,28 @@ class FleetProxyApp:
     With client keys (`keys`) both sides check them; without, neither does any extra work.
     `asgi` is what the server runs: this app, or this app behind CORS when origins are set."""
 
-    def __init__(self, core: ProxyCore, control_app: FastAPI, keys: KeyCheck | None = None) -> None:
+    def __init__(
+        self,
+        core: ProxyCore,
+        control_app: FastAPI,
+        keys: KeyCheck | None = None,
+        seat: WorkerSeat | None = None,
+    ) -> None:
         self.core = core
         self.control_app = control_app  # the FastAPI app of the control plane
         self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
+        store = responses_store(core.settings, seat)
         if keys is None:
             self.forwarder = Forwarder(core)
+            self.responses = ResponsesApi(core, LegServices(core), store)
         else:
             self.forwarder = Forwarder(core, RequireClientKey(keys))
+            self.responses = ResponsesApi(core, LegServices(core), store, RequireClientKey(keys))
             self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
+        self.responses_route: AsgiApp = self.responses
         s = core.settings
         self.admission: AdmissionGate | None = None
         if s.max_concurrent_requests is not None:
@@ -79,6 +95,7 @@ class FleetProxyApp:
                 core.prom,
             )
             self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
+            self.responses_route = AdmittedHandler(self.responses, self.admission, core)
         self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
@@ -100,6 +117,10 @@ class FleetProxyApp:
                 await self.forwarder(scope, receive, send)
             else:
                 await self._wrong_method(scope, receive, send)
+            return
+        # After the hot routes: their requests pay nothing for this one.
+        if scope["type"] == "http" and serves_responses(scope["path"]):
+            await self.responses_route(scope, receive, send)
             return
         await self._control(scope, receive, send)
 
@@ -134,6 +155,17 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
     )
 
 
+def responses_store(settings: Settings, seat: WorkerSeat | None) -> ResponseStore:
+    """The Responses API's store: the configured file; else, for worker processes, one file
+    beside their shared state (so a thread may continue on any worker); else memory."""
+    path = settings.responses_store_path
+    if path is None and seat is not None:
+        path = Path(seat.change_log).with_name("responses.sqlite3")
+    return SqliteResponseStore(
+        path, settings.responses_ttl, settings.responses_store_max_bytes, time.time
+    )
+
+
 def create_app(
     settings: Settings, clock: Clock | None = None, seat: WorkerSeat | None = None
 ) -> FleetProxyApp:
@@ -159,6 +191,8 @@ def create_app(
     # In one process only, its changes shared through the change log
     # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
+
+    served: list[FleetProxyApp] = []  # the app the lifespan belongs to, once built
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -206,6 +240,8 @@ def create_app(
                 sync_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sync_task
+            for started in served:
+                await started.responses.close()
             await core.stop()
             if sync is not None:
                 sync.close()
@@ -273,4 +309,6 @@ def create_app(
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
-    return FleetProxyApp(core, control, keys)
+    app = FleetProxyApp(core, control, keys, seat)
+    served.append(app)
+    return app
