@@ -88,14 +88,14 @@ async def test_a_streamed_response_is_stored_and_continued(fleet: SimFleet) -> N
         await c.close()
 
 
-async def thread_of(c: openai.AsyncOpenAI, turns: int) -> list[tuple[Any, str]]:
+async def thread_of(c: openai.AsyncOpenAI, turns: int, opening: str = "") -> list[tuple[Any, str]]:
     """`turns` responses, each continuing the one before; with the backend each came from."""
     out: list[tuple[Any, str]] = []
     previous: str | None = None
     for i in range(turns):
         raw = await c.responses.with_raw_response.create(
             model=MODEL,
-            input=f"Turn {i}: what comes next?",
+            input=(opening if i == 0 else "") + f"Turn {i}: what comes next?",
             max_output_tokens=5,
             **({"previous_response_id": previous} if previous else {}),
         )
@@ -257,3 +257,42 @@ async def test_a_stream_cut_midway_ends_with_an_error_event_and_stores_nothing(
         created = text.split("\n", 2)[1].removeprefix("data: ")
         rid = httpx.Response(200, content=created).json()["response"]["id"]
         assert (await h.get(f"/v1/responses/{rid}")).status_code == 404
+
+
+async def test_with_prefix_aware_routing_a_thread_stays_with_the_engine_holding_it(
+    fleet: SimFleet,
+) -> None:
+    settings = fast_settings(fleet.urls, policy="prefix_aware", backend_header=True)
+    async with running_proxy(settings) as (url, _):
+        c = client(url)
+        # A first turn long enough to fill the prefix index's blocks.
+        thread = await thread_of(c, 4, opening="Here is the whole story so far. " * 20)
+        assert len({backend for _, backend in thread}) == 1
+        assert_whole_history(thread)
+        await c.close()
+
+
+async def test_two_proxy_replicas_on_one_store_file_continue_each_others_threads(
+    fleet: SimFleet, tmp_path
+) -> None:
+    path = tmp_path / "responses.sqlite3"
+    settings = fast_settings(fleet.urls, responses_store_path=path)
+    async with running_proxy(settings) as (url_a, _), running_proxy(settings) as (url_b, _):
+        a, b = client(url_a), client(url_b)
+        previous = None
+        turns = []
+        for i in range(4):
+            replica = (a, b)[i % 2]
+            made = await replica.responses.create(
+                model=MODEL, input=f"Turn {i}", max_output_tokens=4,
+                **({"previous_response_id": previous} if previous else {}),
+            )  # fmt: skip
+            turns.append((made, ""))
+            previous = made.id
+        assert_whole_history(turns)
+        assert (await a.responses.retrieve(previous)).id == previous
+        await b.responses.delete(previous)
+        with pytest.raises(openai.NotFoundError):
+            await a.responses.retrieve(previous)
+        for c in (a, b):
+            await c.close()
