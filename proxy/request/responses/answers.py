@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.asgi import Message, Send
+from proxy.errors import ProxyError
 
 # The events whose data holds the whole response object (vLLM 0.32, OpenAI).
 _RESPONSE_EVENTS = frozenset(
@@ -53,21 +54,33 @@ class Identity:
 
 
 class HeldAnswer:
-    """An ASGI `send` that keeps the answer instead of sending it."""
+    """An ASGI `send` that keeps the answer instead of sending it, up to `limit` bytes (the
+    proxy stamps its id on the whole response object before the client gets it)."""
 
-    __slots__ = ("chunks", "headers", "status")
+    __slots__ = ("chunks", "headers", "limit", "size", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
+        self.limit = limit
+        self.size = 0
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             self.headers = list(message.get("headers", []))
-        else:
-            self.chunks.append(message.get("body", b""))
+            return
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise ProxyError(
+                502,
+                f"the backend's answer is over the {self.limit}-byte cap (max_held_answer_bytes)",
+                type="upstream_error",
+                code=502,
+            )
+        self.chunks.append(chunk)
 
     @property
     def body(self) -> bytes:

@@ -109,7 +109,9 @@ class ResponsesApi:
                 path, method = scope["path"], scope["method"]
                 if path == PATH:
                     _allow(method, "POST")
-                    status, model = await self._create(scope, receive, send, headers, owner)
+                    status, model = await self._create(
+                        scope, receive, send, headers, owner, request_id
+                    )
                     return
                 cancel = _CANCEL.fullmatch(path)
                 if cancel is not None:
@@ -164,7 +166,13 @@ class ResponsesApi:
     # --- new responses
 
     async def _create(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], owner: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        owner: str,
+        request_id: str,
     ) -> tuple[int, str | None]:
         body = parse_object(await self._read_body(receive))
         model = require_model(body)
@@ -189,7 +197,7 @@ class ResponsesApi:
         upstream_body = {k: v for k, v in body.items() if k not in _PROXY_FIELDS}
         upstream_body.update(model=model, input=expanded, store=False)
         identity = Identity(new_response_id(), previous, store, background)
-        ctx = self._context(upstream_body, headers, stream and not background)
+        ctx = self._context(upstream_body, headers, request_id, stream and not background)
         raw = orjson.dumps(upstream_body)
         upstream = forwarded_headers(scope["headers"], self._drop_credentials, ctx.request_id)
         turn = _Turn(self.store, identity, owner, items)
@@ -202,7 +210,7 @@ class ResponsesApi:
         if stream:
             stamper = StreamStamper(send, identity, turn.keep if store else None)
             return await self._run_watched(receive, ctx, raw, upstream, stamper), model
-        held = HeldAnswer()
+        held = HeldAnswer(self._core.settings.max_held_answer_bytes)
         status = await self._run_watched(receive, ctx, raw, upstream, held)
         answer = held.body
         if held.status == 200:
@@ -217,11 +225,10 @@ class ResponsesApi:
         return status, model
 
     def _context(
-        self, body: dict[str, Any], headers: dict[str, str], stream: bool
+        self, body: dict[str, Any], headers: dict[str, str], request_id: str, stream: bool
     ) -> RequestContext:
         settings = self._core.settings
         text = prompt_text(body.get("instructions"), body["input"])
-        request_id = headers.get("x-request-id") or os.urandom(16).hex()
         session_id = headers.get(settings.session_header) if settings.session_header else None
         if session_id is None and settings.session_body_field:
             value = body.get(settings.session_body_field)
@@ -291,7 +298,7 @@ class ResponsesApi:
         queued: dict[str, Any],
     ) -> None:
         await turn.keep({**queued, "status": "in_progress"})
-        held = HeldAnswer()
+        held = HeldAnswer(self._core.settings.max_held_answer_bytes)
         try:
             await self._run(ctx, body, upstream, held)
             answer = orjson.loads(held.body) if held.body else {}
