@@ -449,6 +449,9 @@ class Settings(BaseSettings):
     # API"): an SQLite file, or memory when unset (with several workers, a file beside their
     # shared state instead, so that they see each other's responses).
     responses_store_path: Path | None = None
+    # A PostgreSQL URL (postgresql://user:password@host/db) instead: one store several proxy
+    # replicas share (needs the `postgres` extra: psycopg 3).
+    responses_store_url: SecretStr | None = None
     responses_ttl: float = Field(
         30 * 86400.0,
         gt=0,
@@ -611,6 +614,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) is below "
                 f"max_body_bytes ({self.max_body_bytes}): a body at the limit would never fit"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_responses_store(self) -> Settings:
+        if self.responses_store_path is not None and self.responses_store_url is not None:
+            raise ValueError(
+                "responses_store_path and responses_store_url are both set: the stored "
+                "responses live in one store, an SQLite file or a PostgreSQL database"
             )
         return self
 

@@ -156,8 +156,20 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
 
 
 def responses_store(settings: Settings, seat: WorkerSeat | None) -> ResponseStore:
-    """The Responses API's store: the configured file; else, for worker processes, one file
-    beside their shared state (so a thread may continue on any worker); else memory."""
+    """The Responses API's store: the configured PostgreSQL database or SQLite file; else, for
+    worker processes, one file beside their shared state (so a thread may continue on any
+    worker); else memory."""
+    url = settings.responses_store_url
+    if url is not None:
+        # Imported only here: psycopg is the optional `postgres` extra.
+        from proxy.request.responses.postgres_store import PostgresResponseStore
+
+        return PostgresResponseStore(
+            url.get_secret_value(),
+            settings.responses_ttl,
+            settings.responses_store_max_bytes,
+            time.time,
+        )
     path = settings.responses_store_path
     if path is None and seat is not None:
         path = Path(seat.change_log).with_name("responses.sqlite3")

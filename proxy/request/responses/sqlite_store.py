@@ -15,9 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
-from proxy.request.responses.store import StoredResponse
+from proxy.request.responses.store import StoredResponse, decoded, encoded
 
 T = TypeVar("T")
 
@@ -65,8 +63,7 @@ class SqliteResponseStore:
             return work(db)
 
     async def put(self, record: StoredResponse) -> None:
-        items, response = _encoded(record)
-        size = len(items) + len(response) + len(record.id)
+        items, response, size = encoded(record)
         now = self._now()
         sweep = now - self._swept_at >= SWEEP_EVERY_S
         if sweep:
@@ -109,13 +106,7 @@ class SqliteResponseStore:
             ).fetchone()
             return row
 
-        row = await self._run(read)
-        if row is None:
-            return None
-        created, previous, items, response = row
-        return StoredResponse(
-            response_id, owner, created, previous, orjson.loads(items), orjson.loads(response)
-        )
+        return decoded(response_id, owner, await self._run(read))
 
     async def delete(self, response_id: str, owner: str) -> bool:
         oldest = self._now() - self._ttl
@@ -146,13 +137,3 @@ class SqliteResponseStore:
             await asyncio.get_running_loop().run_in_executor(self._thread, shut, self._db)
             self._db = None
         self._thread.shutdown(wait=False)
-
-
-def _encoded(record: StoredResponse) -> tuple[bytes, bytes]:
-    return orjson.dumps(record.input_items), orjson.dumps(record.response)
-
-
-def stored_size(record: StoredResponse) -> int:
-    """The bytes `record` counts for against `max_bytes`."""
-    items, response = _encoded(record)
-    return len(items) + len(response) + len(record.id)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
@@ -29,6 +31,23 @@ class StoredResponse:
     def output_items(self) -> list[dict[str, Any]]:
         output = self.response.get("output")
         return [o for o in output if isinstance(o, dict)] if isinstance(output, list) else []
+
+
+def encoded(record: StoredResponse) -> tuple[bytes, bytes, int]:
+    """A record's input items and response as a database keeps them, and the bytes it counts
+    for against a store's size cap."""
+    items, response = orjson.dumps(record.input_items), orjson.dumps(record.response)
+    return items, response, len(items) + len(response) + len(record.id)
+
+
+def decoded(response_id: str, owner: str, row: tuple[Any, ...] | None) -> StoredResponse | None:
+    """The record of a row (created, previous, input, response) read back, None for no row."""
+    if row is None:
+        return None
+    created, previous, items, response = row
+    return StoredResponse(
+        response_id, owner, created, previous, orjson.loads(items), orjson.loads(response)
+    )
 
 
 class ResponseStore(Protocol):

@@ -11,8 +11,8 @@ import pytest
 
 from proxy.errors import ProxyError
 from proxy.request.responses.chain import load_chain
-from proxy.request.responses.sqlite_store import SWEEP_EVERY_S, SqliteResponseStore, stored_size
-from proxy.request.responses.store import StoredResponse
+from proxy.request.responses.sqlite_store import SWEEP_EVERY_S, SqliteResponseStore
+from proxy.request.responses.store import StoredResponse, encoded
 from proxy.request.responses.thread import expanded_input, input_items, prompt_text
 
 
@@ -81,7 +81,7 @@ async def test_writes_sweep_what_expired(clock_store) -> None:
 
 async def test_past_the_size_cap_the_oldest_records_go_first() -> None:
     clock = Clock()
-    size = stored_size(record("resp_0", text="y" * 1000))
+    _, _, size = encoded(record("resp_0", text="y" * 1000))
     store = SqliteResponseStore(None, ttl=100.0, max_bytes=3 * size + size // 2, clock=clock)
     try:
         for i in range(5):
