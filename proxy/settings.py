@@ -446,8 +446,8 @@ class Settings(BaseSettings):
         description="seconds a request may wait for a slot; then 429",
     )
     # The Responses API's stored responses (proxy/request/responses/, docs/api.md "Responses
-    # API"): an SQLite file, or memory when unset (with several workers, a file beside their
-    # shared state instead, so that they see each other's responses).
+    # API"): an SQLite file, or memory when unset (with several workers, a temporary file the
+    # supervisor gives them all instead, so that they see each other's responses).
     responses_store_path: Path | None = None
     # A PostgreSQL URL (postgresql://user:password@host/db) instead: one store several proxy
     # replicas share (needs the `postgres` extra: psycopg 3).

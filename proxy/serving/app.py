@@ -36,7 +36,6 @@ from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
 from proxy.request.entry import Forwarder
-from proxy.request.leg_services import LegServices
 from proxy.request.responses.handler import ResponsesApi
 from proxy.request.responses.handler import serves as serves_responses
 from proxy.request.responses.sqlite_store import SqliteResponseStore
@@ -62,28 +61,21 @@ class FleetProxyApp:
     With client keys (`keys`) both sides check them; without, neither does any extra work.
     `asgi` is what the server runs: this app, or this app behind CORS when origins are set."""
 
-    def __init__(
-        self,
-        core: ProxyCore,
-        control_app: FastAPI,
-        keys: KeyCheck | None = None,
-        seat: WorkerSeat | None = None,
-    ) -> None:
+    def __init__(self, core: ProxyCore, control_app: FastAPI, keys: KeyCheck | None = None) -> None:
         self.core = core
         self.control_app = control_app  # the FastAPI app of the control plane
         self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
-        store = responses_store(core.settings, seat)
-        if keys is None:
-            self.forwarder = Forwarder(core)
-            self.responses = ResponsesApi(core, LegServices(core), store)
-        else:
-            self.forwarder = Forwarder(core, RequireClientKey(keys))
-            self.responses = ResponsesApi(core, LegServices(core), store, RequireClientKey(keys))
+        authorize = None if keys is None else RequireClientKey(keys)
+        forwarder = Forwarder(core, authorize)
+        self.forwarder = forwarder
+        store = responses_store(core.settings)
+        self.responses = ResponsesApi(core, forwarder.legs, store, authorize)
+        self.responses_route: AsgiApp = self.responses
+        if keys is not None:
             self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
-        self.responses_route: AsgiApp = self.responses
         s = core.settings
         self.admission: AdmissionGate | None = None
         if s.max_concurrent_requests is not None:
@@ -155,10 +147,9 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
     )
 
 
-def responses_store(settings: Settings, seat: WorkerSeat | None) -> ResponseStore:
-    """The Responses API's store: the configured PostgreSQL database or SQLite file; else, for
-    worker processes, one file beside their shared state (so a thread may continue on any
-    worker); else memory."""
+def responses_store(settings: Settings) -> ResponseStore:
+    """The Responses API's store: the configured PostgreSQL database or SQLite file (worker
+    processes are given one file by their supervisor), else memory."""
     url = settings.responses_store_url
     if url is not None:
         # Imported only here: psycopg is the optional `postgres` extra.
@@ -170,11 +161,11 @@ def responses_store(settings: Settings, seat: WorkerSeat | None) -> ResponseStor
             settings.responses_store_max_bytes,
             time.time,
         )
-    path = settings.responses_store_path
-    if path is None and seat is not None:
-        path = Path(seat.change_log).with_name("responses.sqlite3")
     return SqliteResponseStore(
-        path, settings.responses_ttl, settings.responses_store_max_bytes, time.time
+        settings.responses_store_path,
+        settings.responses_ttl,
+        settings.responses_store_max_bytes,
+        time.time,
     )
 
 
@@ -321,6 +312,6 @@ def create_app(
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
-    app = FleetProxyApp(core, control, keys, seat)
+    app = FleetProxyApp(core, control, keys)
     served.append(app)
     return app
