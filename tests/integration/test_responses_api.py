@@ -126,15 +126,15 @@ async def test_a_thread_spread_over_three_engines_sends_each_its_whole_history(
 
 async def test_a_thread_goes_on_while_an_engine_restarts(fleet: SimFleet) -> None:
     settings = fast_settings(fleet.urls, policy="round_robin", backend_header=True)
-    async with running_proxy(settings) as (url, _):
+    restarted = fleet.engines[0].url.removeprefix("http://")
+    async with running_proxy(settings) as (url, app):
         c = client(url)
-        first = await thread_of(c, 2)
+        thread = await thread_of(c, 2)
         await fleet.engines[0].crash()  # its KV cache and requests are gone
-        previous = first[-1][0].id
-        thread = list(first)
-        for i in range(4):
-            if i == 2:
-                await fleet.engines[0].recover()  # back, empty, on the same port
+        previous = thread[-1][0].id
+
+        async def turn(i: int) -> str:
+            nonlocal previous
             raw = await c.responses.with_raw_response.create(
                 model=MODEL, input=f"More {i}", previous_response_id=previous, max_output_tokens=5
             )
@@ -142,6 +142,18 @@ async def test_a_thread_goes_on_while_an_engine_restarts(fleet: SimFleet) -> Non
             assert made.status in ("completed", "incomplete") and made.output_text
             thread.append((made, raw.headers["x-fleet-backend"]))
             previous = made.id
+            return raw.headers["x-fleet-backend"]
+
+        for i in range(3):  # the dead engine's turn goes elsewhere
+            assert await turn(i) != restarted
+        await fleet.engines[0].recover()  # back, empty, on the same port
+
+        def routable() -> bool:
+            return len(app.core.fleet.routable(app.core.clock.now())) == 3
+
+        await eventually(routable, within=30, what="the restarted engine routable again")
+        served = [await turn(i) for i in range(3, 6)]
+        assert restarted in served  # an engine that knew nothing of the thread continued it
         assert_whole_history(thread)
         await c.close()
 
