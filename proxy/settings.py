@@ -445,6 +445,24 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds a request may wait for a slot; then 429",
     )
+    # The Responses API's stored responses (proxy/request/responses/, docs/api.md "Responses
+    # API"): an SQLite file, or memory when unset (with several workers, a temporary file the
+    # supervisor gives them all instead, so that they see each other's responses).
+    responses_store_path: Path | None = None
+    # A PostgreSQL URL (postgresql://user:password@host/db) instead: one store several proxy
+    # replicas share (needs the `postgres` extra: psycopg 3).
+    responses_store_url: SecretStr | None = None
+    responses_ttl: float = Field(
+        30 * 86400.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a stored response is kept after it was created",
+    )
+    responses_store_max_bytes: int = Field(
+        256 << 20,
+        ge=1,
+        description="bytes of stored responses kept; past it the oldest go first",
+    )
 
     # --- the rescheduler (rescheduler/, docs/rescheduler.md): moves live requests between
     # backends to balance load and to leave failing ones, every rescheduling_interval_ms.
@@ -596,6 +614,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight}) is below "
                 f"max_body_bytes ({self.max_body_bytes}): a body at the limit would never fit"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_responses_store(self) -> Settings:
+        if self.responses_store_path is not None and self.responses_store_url is not None:
+            raise ValueError(
+                "responses_store_path and responses_store_url are both set: the stored "
+                "responses live in one store, an SQLite file or a PostgreSQL database"
             )
         return self
 

@@ -39,6 +39,7 @@ from simulator.openai_api import (
 )
 from simulator.pooling_api import ROUTES_BY_TASK
 from simulator.request import SimRequest
+from simulator.responses_api import EventWriter, ResponseShape, chat_body
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -120,6 +121,7 @@ class EngineServer:
         else:
             r.add_post("/v1/completions", self._completions)
             r.add_post("/v1/chat/completions", self._chat)
+            r.add_post("/v1/responses", self._responses)
         r.add_post("/inference/v1/abort_requests", self._abort_requests)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         r.add_get("/_sim/faults", self._get_faults)
@@ -462,6 +464,62 @@ class EngineServer:
             self.in_flight -= 1
             if not req.finished:
                 engine.abort(req.request_id)  # disconnected, cancelled or cut
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API over the chat template, as vLLM serves it for a text model."""
+        engine = self.engine
+        try:
+            body = await self._read_json(request)
+            p = parse_request(
+                CHAT,
+                chat_body(body),
+                engine.tokenizer,
+                engine.model_name,
+                engine.profile.max_model_len,
+                engine.lora.adapters,
+            )
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        if engine.faults.should_error():
+            return _json(error_body("simulated engine error", 500), 500)
+        shape = ResponseShape(body, p.model)
+        req = engine.new_request(shape.rid, p.prompt_ids, p.params)
+        self.in_flight += 1
+        try:
+            engine.submit(req)
+            if not body.get("stream"):
+                while (await req.stream.get()).finish_reason is None:
+                    pass
+                n_in, n_out = len(req.prompt_ids), len(req.output_ids)
+                return _json(shape.finished(req.output_text, req.finish_reason, n_in, n_out))
+            resp = web.StreamResponse(headers=_SSE_HEADERS)
+            await resp.prepare(request)
+            writer = EventWriter(shape)
+            await resp.write(writer.opening())
+            limit = engine.faults.stream_limit()
+            sent = 0
+            while True:
+                ev = await req.stream.get()
+                if ev.text:
+                    await resp.write(writer.delta(ev.text))
+                sent += len(ev.token_ids)
+                if limit is not None and sent >= limit:
+                    if request.transport is not None:
+                        request.transport.abort()  # a cut stream, as the fault asks
+                    return resp
+                if ev.finish_reason is not None:
+                    break
+            n_in, n_out = len(req.prompt_ids), len(req.output_ids)
+            await resp.write(writer.closing(req.finish_reason, n_in, n_out))
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write_eof()
+            return resp
+        except ConnectionResetError:
+            return web.Response()  # the client went away; the request is aborted on exit
+        finally:
+            self.in_flight -= 1
+            if not req.finished:
+                engine.abort(req.request_id)
 
     async def _complete(self, p: ParsedRequest, rid: str, req: SimRequest) -> web.Response:
         limit = self.engine.faults.settings.die_after_tokens

@@ -7,6 +7,8 @@ Every path that `vllm serve` (0.32) answers is here, with how the proxy treats i
   reranking, classification: vLLM registers them only on engines running a pooling model);
 - `tokenize`: relayed whole to a backend serving the request's model;
 - `fleet`: answered by the proxy itself, for the whole fleet (`/v1/models`, `/health`);
+- `responses`: the Responses API, served by the proxy with its own store of responses, each
+  new response generated on a backend (proxy/request/responses/);
 - `refused`: never sent to a backend, answered with an OpenAI-shaped error naming why.
 
 The test against vLLM's own `/openapi.json` (tests/golden/vllm-0.32/) keeps this table
@@ -20,7 +22,7 @@ from typing import Literal
 
 from proxy.errors import error_body
 
-How = Literal["generation", "pooling", "tokenize", "fleet", "refused"]
+How = Literal["generation", "pooling", "tokenize", "fleet", "responses", "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +63,6 @@ def _engine_view(path: str, *methods: str) -> Route:
 
 # Routes fleet-proxy does not relay yet. The one place later work replaces, route by route.
 NOT_YET_SERVED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("/v1/responses", ("POST",)),
-    ("/v1/responses/{response_id}", ("GET",)),
-    ("/v1/responses/{response_id}/cancel", ("POST",)),
     ("/v1/messages", ("POST",)),
     ("/v1/messages/count_tokens", ("POST",)),
     ("/v1/chat/completions/batch", ("POST",)),
@@ -103,6 +102,9 @@ ROUTES: tuple[Route, ...] = (
     _fleet("/health"),
     _fleet("/metrics"),
     _fleet("/version"),
+    Route("/v1/responses", ("POST",), "responses", "responses"),
+    Route("/v1/responses/{response_id}", ("GET", "DELETE"), "responses", "responses"),
+    Route("/v1/responses/{response_id}/cancel", ("POST",), "responses", "responses"),
     _engine_view("/load"),
     _engine_view("/kv_event_sources"),
     _engine_view("/server_info"),

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +36,10 @@ from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
 from proxy.request.entry import Forwarder
+from proxy.request.responses.handler import ResponsesApi
+from proxy.request.responses.handler import serves as serves_responses
+from proxy.request.responses.sqlite_store import SqliteResponseStore
+from proxy.request.responses.store import ResponseStore
 from proxy.request.routes import HOT_ROUTES, REFUSED, Route, refusal_message
 from proxy.serving.access import (
     ControlPlaneKeys,
@@ -62,10 +67,13 @@ class FleetProxyApp:
         self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
-        if keys is None:
-            self.forwarder = Forwarder(core)
-        else:
-            self.forwarder = Forwarder(core, RequireClientKey(keys))
+        authorize = None if keys is None else RequireClientKey(keys)
+        forwarder = Forwarder(core, authorize)
+        self.forwarder = forwarder
+        store = responses_store(core.settings)
+        self.responses = ResponsesApi(core, forwarder.legs, store, authorize)
+        self.responses_route: AsgiApp = self.responses
+        if keys is not None:
             self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
         s = core.settings
@@ -79,6 +87,7 @@ class FleetProxyApp:
                 core.prom,
             )
             self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
+            self.responses_route = AdmittedHandler(self.responses, self.admission, core)
         self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
@@ -100,6 +109,10 @@ class FleetProxyApp:
                 await self.forwarder(scope, receive, send)
             else:
                 await self._wrong_method(scope, receive, send)
+            return
+        # After the hot routes: their requests pay nothing for this one.
+        if scope["type"] == "http" and serves_responses(scope["path"]):
+            await self.responses_route(scope, receive, send)
             return
         await self._control(scope, receive, send)
 
@@ -134,6 +147,28 @@ def _openai_error(status: int, message: str, type_: str) -> Response:
     )
 
 
+def responses_store(settings: Settings) -> ResponseStore:
+    """The Responses API's store: the configured PostgreSQL database or SQLite file (worker
+    processes are given one file by their supervisor), else memory."""
+    url = settings.responses_store_url
+    if url is not None:
+        # Imported only here: psycopg is the optional `postgres` extra.
+        from proxy.request.responses.postgres_store import PostgresResponseStore
+
+        return PostgresResponseStore(
+            url.get_secret_value(),
+            settings.responses_ttl,
+            settings.responses_store_max_bytes,
+            time.time,
+        )
+    return SqliteResponseStore(
+        settings.responses_store_path,
+        settings.responses_ttl,
+        settings.responses_store_max_bytes,
+        time.time,
+    )
+
+
 def create_app(
     settings: Settings, clock: Clock | None = None, seat: WorkerSeat | None = None
 ) -> FleetProxyApp:
@@ -159,6 +194,8 @@ def create_app(
     # In one process only, its changes shared through the change log
     # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
+
+    served: list[FleetProxyApp] = []  # the app the lifespan belongs to, once built
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -206,6 +243,8 @@ def create_app(
                 sync_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sync_task
+            for started in served:
+                await started.responses.close()
             await core.stop()
             if sync is not None:
                 sync.close()
@@ -273,4 +312,6 @@ def create_app(
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
-    return FleetProxyApp(core, control, keys)
+    app = FleetProxyApp(core, control, keys)
+    served.append(app)
+    return app

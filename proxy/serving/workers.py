@@ -202,6 +202,13 @@ class Supervisor:
         change_log = tmp / "fleet-changes.jsonl"
         change_log.touch()
         settings_data = s.model_dump()
+        # The workers share one store of Responses API responses, so a thread continues on
+        # any worker: a file in a directory of its own, kept until the proxy stops (SQLite
+        # opens files beside its database as it goes, so this one cannot go early like `tmp`).
+        responses_dir: Path | None = None
+        if s.responses_store_path is None and s.responses_store_url is None:
+            responses_dir = Path(tempfile.mkdtemp(prefix="fleet-proxy-responses-"))
+            settings_data["responses_store_path"] = responses_dir / "responses.sqlite3"
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
@@ -232,6 +239,8 @@ class Supervisor:
             sock.close()
             segment.close()
             shutil.rmtree(tmp, ignore_errors=True)
+            if responses_dir is not None:
+                shutil.rmtree(responses_dir, ignore_errors=True)
 
     def _wait(self, peers: PeerLoad, tmp: Path) -> int:
         """Until every worker has ended; 1 when one ended before being asked to."""

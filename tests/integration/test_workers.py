@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from simulator.fleet import start_fleet
 from tests.support.fake_backend import Behaviour, FakeBackend
 from tests.support.polling import eventually
 from tests.support.processes import alive, refused
@@ -48,6 +49,7 @@ async def serve(
     listen: str = "reuseport",
     workers: int = 2,
     routable: int | None = None,
+    env_extra: dict[str, str] | None = None,
 ) -> AsyncIterator[Served]:
     """A proxy of `workers` processes on a port of its own choosing (read from its banner),
     every worker routing to every backend (or to `routable` backends, when a --config names
@@ -70,6 +72,7 @@ async def serve(
         "FLEET_PROXY_SCRAPE_INTERVAL": "0.05",
         "FLEET_PROXY_HEALTH_INTERVAL": "0.1",
         "FLEET_PROXY_WORKER_LISTEN": listen,
+        **(env_extra or {}),
     }
     process = await asyncio.create_subprocess_exec(
         *cmd, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -235,8 +238,15 @@ async def test_a_dying_worker_stops_the_proxy_and_is_named(backends: list[FakeBa
         assert not alive(pids[0])
 
 
-async def test_workers_do_not_outlive_a_killed_supervisor(backends: list[FakeBackend]) -> None:
-    async with serve([backends[0].url]) as served, httpx.AsyncClient(timeout=5) as client:
+async def test_workers_do_not_outlive_a_killed_supervisor(
+    backends: list[FakeBackend], tmp_path: Path
+) -> None:
+    # A store file of the test's own: a killed supervisor leaves its default one behind.
+    store = {"FLEET_PROXY_RESPONSES_STORE_PATH": str(tmp_path / "responses.sqlite3")}
+    async with (
+        serve([backends[0].url], env_extra=store) as served,
+        httpx.AsyncClient(timeout=5) as client,
+    ):
         pids = [row["pid"] for row in (await served.workers(client))["rows"]]
         served.process.kill()  # SIGKILL: no chance to stop them; the kernel tells them
         await served.process.wait()
@@ -277,3 +287,26 @@ async def test_a_stopping_proxy_refuses_new_connections_while_a_stream_finishes(
             assert await asyncio.wait_for(served.process.wait(), timeout=20) == 0
     finally:
         await backend.stop()
+
+
+async def test_a_responses_thread_continues_on_either_worker() -> None:
+    """The workers share one store file: each turn, on a new connection, may be taken by
+    either worker and still finds the turn before it."""
+
+    async with await start_fleet(2, speed=20.0) as fleet, serve(fleet.urls) as served:
+        limits = httpx.Limits(max_keepalive_connections=0)  # a new connection per turn
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            previous = None
+            for i in range(8):
+                body: dict[str, Any] = {
+                    "model": "sim-llama-8b",
+                    "input": f"Turn {i}",
+                    "max_output_tokens": 2,
+                }
+                if previous is not None:
+                    body["previous_response_id"] = previous
+                r = await client.post(served.url + "/v1/responses", json=body)
+                assert r.status_code == 200, r.text
+                assert r.json()["previous_response_id"] == previous
+                previous = r.json()["id"]
+            assert (await client.get(f"{served.url}/v1/responses/{previous}")).status_code == 200

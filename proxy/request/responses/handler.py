@@ -1,0 +1,429 @@
+"""The Responses API's routes: `POST /v1/responses`, `GET` and `DELETE
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`.
+
+No backend keeps a thread: a request naming `previous_response_id` has its thread loaded from
+the proxy's store and expanded into its input before it is routed, so its prompt (the whole
+thread) finds the engine that holds the thread's KV cache, and the backend is asked to store
+nothing. The answer carries the proxy's own response id. A backend is reached through a
+request session (proxy/request/session.py), with its routing and its retries before the first
+byte; this module is not on the completions and chat path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import time
+from typing import Any, Protocol
+
+import orjson
+
+from fleet.tokens import estimate_tokens
+from policies.policy import RequestContext
+from proxy.asgi import Message, Receive, Scope, Send, send_error
+from proxy.errors import ProxyError
+from proxy.ports import RequestServices
+from proxy.request.body import is_stream, parse_object, require_model
+from proxy.request.leg_services import LegServices
+from proxy.request.responses.answers import HeldAnswer, Identity, StreamStamper
+from proxy.request.responses.background import BackgroundRuns
+from proxy.request.responses.chain import UNFINISHED, load_chain, not_found
+from proxy.request.responses.headers import forwarded_headers
+from proxy.request.responses.store import ResponseStore, StoredResponse
+from proxy.request.responses.thread import expanded_input, input_items, prompt_text
+from proxy.request.routes import NOT_YET_SERVED
+from proxy.request.session import RequestSession
+
+log = logging.getLogger("fleet_proxy.responses")
+
+PATH = "/v1/responses"
+ENDPOINT = "responses"
+_ONE = re.compile(r"/v1/responses/([^/]+)")
+_CANCEL = re.compile(r"/v1/responses/([^/]+)/cancel")
+_OTHER_ROUTES = frozenset(p for p, _ in NOT_YET_SERVED)
+# Fields for the proxy alone: the backend answers one request and keeps nothing.
+_PROXY_FIELDS = ("previous_response_id", "background")
+
+
+class Authorize(Protocol):
+    """The OpenAI endpoints' key check: None to serve the request, or the error to answer."""
+
+    def __call__(self, headers: dict[str, str]) -> ProxyError | None: ...
+
+
+def serves(path: str) -> bool:
+    """Whether `path` is one of this module's routes (vLLM's other routes under it, such as
+    `/v1/responses/render`, are not ids)."""
+    if path == PATH:
+        return True
+    return path not in _OTHER_ROUTES and bool(_ONE.fullmatch(path) or _CANCEL.fullmatch(path))
+
+
+def owner_of(headers: dict[str, str], keyed: bool) -> str:
+    """Whose records a request sees: its API key's SHA-256, or "" when keys are off."""
+    if not keyed:
+        return ""
+    _, _, key = headers.get("authorization", "").partition(" ")
+    return hashlib.sha256(key.strip().encode("latin-1")).hexdigest()
+
+
+def new_response_id() -> str:
+    return "resp_" + os.urandom(16).hex()
+
+
+class ResponsesApi:
+    def __init__(
+        self,
+        core: RequestServices,
+        legs: LegServices,
+        store: ResponseStore,
+        authorize: Authorize | None = None,
+    ) -> None:
+        self._core = core
+        self._legs = legs
+        self.store = store
+        self._authorize = authorize
+        self._runs = BackgroundRuns()
+        self._aliases = dict(core.settings.model_aliases)
+        self._drop_credentials = not core.settings.forward_client_authorization
+
+    async def close(self) -> None:
+        """Stop the background responses this process runs, then the store."""
+        await self._runs.close()
+        await self.store.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or os.urandom(16).hex()
+        status, model = 500, None
+        try:
+            try:
+                if self._authorize is not None:
+                    refusal = self._authorize(headers)
+                    if refusal is not None:
+                        raise refusal
+                owner = owner_of(headers, self._authorize is not None)
+                path, method = scope["path"], scope["method"]
+                if path == PATH:
+                    _allow(method, "POST")
+                    status, model = await self._create(
+                        scope, receive, send, headers, owner, request_id
+                    )
+                    return
+                cancel = _CANCEL.fullmatch(path)
+                if cancel is not None:
+                    _allow(method, "POST")
+                    answer = await self._cancel(cancel.group(1), owner)
+                else:
+                    rid = path[len(PATH) + 1 :]
+                    _allow(method, "GET", "DELETE")
+                    answer = await (self._get if method == "GET" else self._delete)(rid, owner)
+                status = 200
+                await _send_json(send, 200, answer, request_id)
+            except ProxyError as e:
+                status = e.status
+                await send_error(send, e, request_id)
+            except Exception:
+                log.exception("request %s failed inside the proxy", request_id)
+                status = 500
+                await send_error(
+                    send, ProxyError(500, "internal proxy error", type="internal_error"), request_id
+                )
+        finally:
+            self._core.metrics.count_request(ENDPOINT, status, model)
+
+    # --- stored responses
+
+    async def _get(self, response_id: str, owner: str) -> dict[str, Any]:
+        record = await self.store.get(response_id, owner)
+        if record is None:
+            raise not_found(response_id)
+        return record.response
+
+    async def _delete(self, response_id: str, owner: str) -> dict[str, Any]:
+        if not await self.store.delete(response_id, owner):
+            raise not_found(response_id)
+        self._runs.cancel(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    async def _cancel(self, response_id: str, owner: str) -> dict[str, Any]:
+        record = await self.store.get(response_id, owner)
+        if record is None:
+            raise not_found(response_id)
+        if record.response.get("background") is not True:
+            raise ProxyError(400, "Cannot cancel a synchronous response.", param="response_id")
+        if record.status not in UNFINISHED:
+            return record.response  # finished already: cancelling changes nothing
+        # A response running on another replica sees the mark before it stores its answer.
+        self._runs.cancel(response_id)
+        cancelled = {**record.response, "status": "cancelled"}
+        await self.store.put(_replaced(record, cancelled))
+        return cancelled
+
+    # --- new responses
+
+    async def _create(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        owner: str,
+        request_id: str,
+    ) -> tuple[int, str | None]:
+        body = parse_object(await self._read_body(receive))
+        model = require_model(body)
+        model = self._aliases.get(model, model)
+        stream = is_stream(body)
+        store = body.get("store") is not False  # stored unless the client says not to
+        background = body.get("background") is True
+        if background and not store:
+            raise ProxyError(400, "background can only be used when `store` is true", param="store")
+        if background and stream:
+            raise ProxyError(
+                400, "fleet-proxy does not stream a background response", param="stream"
+            )
+        previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise ProxyError(
+                400, "'previous_response_id' must be a string", param="previous_response_id"
+            )
+        items = input_items(body)
+        chain = await load_chain(self.store, previous, owner) if previous is not None else []
+        expanded = expanded_input(chain, items)
+        upstream_body = {k: v for k, v in body.items() if k not in _PROXY_FIELDS}
+        upstream_body.update(model=model, input=expanded, store=False)
+        identity = Identity(new_response_id(), previous, store, background)
+        ctx = self._context(upstream_body, headers, request_id, stream and not background)
+        raw = orjson.dumps(upstream_body)
+        upstream = forwarded_headers(scope["headers"], self._drop_credentials, ctx.request_id)
+        turn = _Turn(self.store, identity, owner, items)
+        if background:
+            queued = identity.stamp(_queued(upstream_body, model))
+            await turn.keep(queued)
+            self._runs.start(identity.id, self._in_background(ctx, raw, upstream, turn, queued))
+            await _send_json(send, 200, queued, ctx.request_id)
+            return 200, model
+        if stream:
+            stamper = StreamStamper(send, identity, turn.keep if store else None)
+            return await self._run_watched(receive, ctx, raw, upstream, stamper), model
+        held = HeldAnswer(self._core.settings.max_held_answer_bytes)
+        status = await self._run_watched(receive, ctx, raw, upstream, held)
+        answer = held.body
+        if held.status == 200:
+            response = identity.stamp(orjson.loads(answer))
+            if store:
+                await turn.keep(response)
+            answer = orjson.dumps(response)
+        out = [(k, v) for k, v in held.headers if k not in (b"content-length", b"content-type")]
+        out += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
+        await send({"type": "http.response.start", "status": held.status, "headers": out})
+        await send({"type": "http.response.body", "body": answer})
+        return status, model
+
+    def _context(
+        self, body: dict[str, Any], headers: dict[str, str], request_id: str, stream: bool
+    ) -> RequestContext:
+        settings = self._core.settings
+        text = prompt_text(body.get("instructions"), body["input"])
+        session_id = headers.get(settings.session_header) if settings.session_header else None
+        if session_id is None and settings.session_body_field:
+            value = body.get(settings.session_body_field)
+            session_id = value if isinstance(value, str) else None
+        return RequestContext(
+            request_id=request_id,
+            endpoint=ENDPOINT,
+            model=body["model"],
+            body=body,
+            headers=headers,
+            stream=stream,
+            prompt_text=text,
+            prompt_tokens=estimate_tokens(text, settings.chars_per_token),
+            session_id=session_id,
+            program_id=headers.get("x-program-id") or session_id,
+        )
+
+    async def _run(
+        self,
+        ctx: RequestContext,
+        body: bytes,
+        upstream: list[tuple[bytes, bytes]],
+        send: Send,
+    ) -> int:
+        session = RequestSession(
+            self._core, self._legs, PATH, ctx, body, upstream, send, time.perf_counter(), None
+        )
+        return await session.run()
+
+    async def _run_watched(
+        self,
+        receive: Receive,
+        ctx: RequestContext,
+        body: bytes,
+        upstream: list[tuple[bytes, bytes]],
+        send: Send,
+    ) -> int:
+        """`_run`, cancelled when its client goes away (closing the upstream request makes
+        the engine abort it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _Watch()
+
+        async def sending(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                watch.answered = True  # the server reports its connection done from now on
+
+        watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
+        try:
+            return await self._run(ctx, body, upstream, sending)
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            task.uncancel()
+            return 499
+        finally:
+            watch.answered = True
+            watcher.cancel()
+
+    async def _in_background(
+        self,
+        ctx: RequestContext,
+        body: bytes,
+        upstream: list[tuple[bytes, bytes]],
+        turn: _Turn,
+        queued: dict[str, Any],
+    ) -> None:
+        await turn.keep({**queued, "status": "in_progress"})
+        held = HeldAnswer(self._core.settings.max_held_answer_bytes)
+        try:
+            await self._run(ctx, body, upstream, held)
+            answer = orjson.loads(held.body) if held.body else {}
+            if held.status == 200 and isinstance(answer, dict):
+                final = turn.identity.stamp(answer)
+            else:
+                error = answer.get("error") if isinstance(answer, dict) else None
+                final = _failed(queued, held.status, error)
+        except ProxyError as e:
+            final = _failed(queued, e.status, {"message": e.message, "code": e.code})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background response %s failed inside the proxy", turn.identity.id)
+            final = _failed(queued, 500, {"message": "internal proxy error", "code": 500})
+        now = await turn.store.get(turn.identity.id, turn.owner)
+        if now is None or now.status == "cancelled":
+            return  # deleted or cancelled meanwhile, maybe by another replica
+        await turn.keep(final)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        limit = self._core.settings.max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ProxyError(499, "client disconnected while sending the body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+class _Turn:
+    """One new response of a thread, as the store keeps it."""
+
+    __slots__ = ("created_at", "identity", "items", "owner", "store")
+
+    def __init__(
+        self, store: ResponseStore, identity: Identity, owner: str, items: list[dict[str, Any]]
+    ) -> None:
+        self.store = store
+        self.identity = identity
+        self.owner = owner
+        self.items = items
+        self.created_at = time.time()
+
+    async def keep(self, response: dict[str, Any]) -> None:
+        ident = self.identity
+        await self.store.put(
+            StoredResponse(ident.id, self.owner, self.created_at, ident.previous_id, self.items,
+                           response)
+        )  # fmt: skip
+
+
+def _replaced(record: StoredResponse, response: dict[str, Any]) -> StoredResponse:
+    return StoredResponse(
+        record.id, record.owner, record.created_at, record.previous_id, record.input_items,
+        response,
+    )  # fmt: skip
+
+
+def _queued(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The response object of a background request not started yet."""
+    return {
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "queued",
+        "model": model,
+        "output": [],
+        "usage": None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools", []),
+    }
+
+
+def _failed(queued: dict[str, Any], status: int, error: Any) -> dict[str, Any]:
+    detail = error if isinstance(error, dict) else {}
+    message = detail.get("message") or f"the backend answered {status}"
+    code = detail.get("code") or status
+    return {**queued, "status": "failed", "error": {"code": str(code), "message": message}}
+
+
+def _allow(method: str, *methods: str) -> None:
+    if method not in methods:
+        allowed = ", ".join(methods)
+        raise ProxyError(
+            405, f"this path takes {allowed}", code=405, headers=[(b"allow", allowed.encode())]
+        )
+
+
+async def _send_json(send: Send, status: int, answer: dict[str, Any], request_id: str) -> None:
+    body = orjson.dumps(answer)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"x-request-id", request_id.encode("latin-1")),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Watch:
+    __slots__ = ("answered", "gone")
+
+    def __init__(self) -> None:
+        self.answered = False  # the whole answer went out
+        self.gone = False  # the client left before
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _Watch) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    if not watch.answered:
+        watch.gone = True
+        task.cancel()

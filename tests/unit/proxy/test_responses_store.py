@@ -1,0 +1,162 @@
+"""The Responses API's store and thread expansion: time to live, the size cap, each key seeing
+only its own responses, and a thread three responses deep made whole again."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.errors import ProxyError
+from proxy.request.responses.chain import load_chain
+from proxy.request.responses.sqlite_store import SWEEP_EVERY_S, SqliteResponseStore
+from proxy.request.responses.store import StoredResponse, encoded
+from proxy.request.responses.thread import expanded_input, input_items, prompt_text
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def said(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": text}
+
+
+def answer(rid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    item = {
+        "id": "msg_" + rid,
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    return {"id": rid, "object": "response", "status": status, "output": [item]}
+
+
+def record(
+    rid: str, owner: str = "", at: float = 1000.0, previous: str | None = None, text: str = "x"
+) -> StoredResponse:
+    return StoredResponse(rid, owner, at, previous, [said("user", "q " + rid)], answer(rid, text))
+
+
+@pytest.fixture
+async def clock_store() -> AsyncIterator[tuple[Clock, SqliteResponseStore]]:
+    clock = Clock()
+    store = SqliteResponseStore(None, ttl=100.0, max_bytes=1 << 20, clock=clock)
+    yield clock, store
+    await store.close()
+
+
+async def test_a_record_comes_back_as_it_was_put(clock_store) -> None:
+    _, store = clock_store
+    kept = record("resp_a", previous="resp_0")
+    await store.put(kept)
+    assert await store.get("resp_a", "") == kept
+    assert await store.get("resp_b", "") is None
+
+
+async def test_a_record_lives_for_its_ttl_then_is_gone(clock_store) -> None:
+    clock, store = clock_store
+    await store.put(record("resp_a", at=clock.t))
+    clock.t += 99.0
+    assert await store.get("resp_a", "") is not None
+    clock.t += 2.0
+    assert await store.get("resp_a", "") is None  # read as gone at once
+    assert await store.expire() == 1  # and swept
+
+
+async def test_writes_sweep_what_expired(clock_store) -> None:
+    clock, store = clock_store
+    await store.put(record("resp_old", at=clock.t))
+    clock.t += SWEEP_EVERY_S + 100.0
+    await store.put(record("resp_new", at=clock.t))
+    assert await store.expire() == 0  # the write swept it already
+
+
+async def test_past_the_size_cap_the_oldest_records_go_first() -> None:
+    clock = Clock()
+    _, _, size = encoded(record("resp_0", text="y" * 1000))
+    store = SqliteResponseStore(None, ttl=100.0, max_bytes=3 * size + size // 2, clock=clock)
+    try:
+        for i in range(5):
+            await store.put(record(f"resp_{i}", at=clock.t + i, text="y" * 1000))
+        kept = [i for i in range(5) if await store.get(f"resp_{i}", "") is not None]
+        assert kept == [2, 3, 4]  # three fit
+    finally:
+        await store.close()
+
+
+async def test_a_record_is_seen_only_with_the_key_that_made_it(clock_store) -> None:
+    _, store = clock_store
+    await store.put(record("resp_a", owner="alice"))
+    assert await store.get("resp_a", "alice") is not None
+    assert await store.get("resp_a", "bob") is None
+    assert await store.get("resp_a", "") is None
+    assert not await store.delete("resp_a", "bob")
+    assert await store.get("resp_a", "alice") is not None
+    assert await store.delete("resp_a", "alice")
+    assert await store.get("resp_a", "alice") is None
+
+
+async def test_a_three_deep_thread_expands_to_every_turn_in_order(clock_store) -> None:
+    _, store = clock_store
+    await store.put(record("resp_1", text="one"))
+    await store.put(record("resp_2", previous="resp_1", text="two"))
+    await store.put(record("resp_3", previous="resp_2", text="three"))
+    chain = await load_chain(store, "resp_3", "")
+    assert [r.id for r in chain] == ["resp_1", "resp_2", "resp_3"]
+    new = input_items({"input": "and now?"})
+    whole = expanded_input(chain, new)
+    texts = [i["content"] if i["role"] == "user" else i["content"][0]["text"] for i in whole]
+    assert texts == ["q resp_1", "one", "q resp_2", "two", "q resp_3", "three", "and now?"]
+    # Each turn's routing text starts with the one before: the thread finds its engine.
+    shorter = prompt_text(None, expanded_input(chain[:2], input_items({"input": "q resp_3"})))
+    assert prompt_text(None, whole).startswith(shorter)
+
+
+async def test_a_thread_with_a_missing_or_foreign_link_is_not_found(clock_store) -> None:
+    _, store = clock_store
+    await store.put(record("resp_1", owner="alice"))
+    await store.put(record("resp_2", owner="alice", previous="resp_1"))
+    with pytest.raises(ProxyError) as e:
+        await load_chain(store, "resp_2", "bob")
+    assert e.value.status == 404 and "resp_2" in e.value.message
+    await store.delete("resp_1", "alice")
+    with pytest.raises(ProxyError) as e:
+        await load_chain(store, "resp_2", "alice")
+    assert e.value.status == 404 and "resp_1" in e.value.message
+
+
+async def test_an_unfinished_response_cannot_be_continued(clock_store) -> None:
+    _, store = clock_store
+    running = StoredResponse("resp_1", "", 1000.0, None, [], answer("resp_1", "", "in_progress"))
+    await store.put(running)
+    with pytest.raises(ProxyError) as e:
+        await load_chain(store, "resp_1", "")
+    assert e.value.status == 400
+
+
+async def test_a_file_store_is_shared_by_two_stores_on_it(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "responses.sqlite3"
+    a = SqliteResponseStore(path, ttl=100.0, max_bytes=1 << 20, clock=clock)
+    b = SqliteResponseStore(path, ttl=100.0, max_bytes=1 << 20, clock=clock)
+    try:
+        await a.put(record("resp_a"))
+        assert await b.get("resp_a", "") == record("resp_a")
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_input_must_be_text_or_items() -> None:
+    assert input_items({"input": [said("user", "hi")]}) == [said("user", "hi")]
+    for bad in (None, [], ["text"], 3):
+        with pytest.raises(ProxyError):
+            input_items({"input": bad})
