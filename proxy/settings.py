@@ -259,6 +259,15 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of the fleet ejected at once (at least one)"
     )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    # An audio upload (/v1/audio/*) this size or smaller is held whole, so that a backend
+    # failing before its answer can be replaced by another; a larger one streams through
+    # to one backend, held only until its `model` field is read, and is not tried again.
+    audio_replay_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="audio uploads up to this size are held and may be retried; larger "
+        "ones stream through to one backend",
+    )
     # Bodies in flight across the serving process: without a total, a few hundred bodies
     # under max_body_bytes each exhaust the machine. A body costs about three times its size
     # in memory while its request runs (read, parsed, sent on): 128 MiB holds 12 bodies at the

@@ -124,6 +124,7 @@ class Forwarder:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
         bodies = BodyBudget(core.settings.max_body_bytes_in_flight, core.settings.body_bytes_wait)
         self._bodies = bodies
+        self.bodies = bodies  # the process's body budget, shared with the audio uploads
         core.metrics.body_bytes_in_flight.set_function(lambda: bodies.held)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

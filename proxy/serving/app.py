@@ -34,8 +34,9 @@ from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
+from proxy.request.audio import AudioRelay
 from proxy.request.entry import Forwarder
-from proxy.request.routes import HOT_ROUTES, REFUSED, Route, refusal_message
+from proxy.request.routes import AUDIO_ROUTES, HOT_ROUTES, REFUSED, Route, refusal_message
 from proxy.serving.access import (
     ControlPlaneKeys,
     KeyCheck,
@@ -62,12 +63,16 @@ class FleetProxyApp:
         self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
+        self.audio: AsgiApp
         if keys is None:
-            self.forwarder = Forwarder(core)
+            forwarder = Forwarder(core)
+            self.audio = AudioRelay(core, forwarder.bodies)
         else:
-            self.forwarder = Forwarder(core, RequireClientKey(keys))
+            forwarder = Forwarder(core, RequireClientKey(keys))
+            self.audio = AudioRelay(core, forwarder.bodies, RequireClientKey(keys))
             self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
+        self.forwarder = forwarder
         s = core.settings
         self.admission: AdmissionGate | None = None
         if s.max_concurrent_requests is not None:
@@ -79,6 +84,7 @@ class FleetProxyApp:
                 core.prom,
             )
             self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
+            self.audio = AdmittedHandler(self.audio, self.admission, core)
         self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
@@ -101,6 +107,12 @@ class FleetProxyApp:
             else:
                 await self._wrong_method(scope, receive, send)
             return
+        if scope["type"] == "http" and scope["path"] in AUDIO_ROUTES:
+            if scope["method"] == "POST":
+                await self.audio(scope, receive, send)
+            else:
+                await self._wrong_method(scope, receive, send)
+            return
         await self._control(scope, receive, send)
 
 
@@ -110,7 +122,7 @@ async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _no_route(method: str, path: str) -> str:
-    served = ", ".join(["/v1/models", *HOT_ROUTES])
+    served = ", ".join(["/v1/models", *HOT_ROUTES, *AUDIO_ROUTES])
     return f"fleet-proxy does not serve {method} {path}; its OpenAI-compatible paths: {served}"
 
 
