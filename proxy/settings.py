@@ -179,6 +179,9 @@ class Settings(BaseSettings):
     # overrides `policy` when given.
     routing: dict[str, Any] | None = None
     admin_token: SecretStr | None = None
+    # Seconds an engine may take to answer a LoRA adapter load or unload the proxy fans out
+    # (an engine reads the adapter's weights before it answers).
+    lora_adapter_timeout: float = Field(60.0, gt=0, allow_inf_nan=False)
     # --- client access control (proxy/serving/access.py, README.md "Access control")
     # Keys clients must send as `Authorization: Bearer <key>` on the OpenAI endpoints; with
     # none here and no api_keys_file, those endpoints are open. A comma list or a YAML list.

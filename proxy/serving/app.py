@@ -31,6 +31,8 @@ from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.control.admin_routes import admin_router
 from proxy.control.colocated_planner import ColocatedPlanner
 from proxy.control.discovery_loop import kubernetes_discovery
+from proxy.control.lora_adapters import FleetAdapters
+from proxy.control.lora_routes import lora_router
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
@@ -168,6 +170,10 @@ def create_app(
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
     # Settings refuse it with several workers: a drain must see every live request.
     planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
+    adapters = FleetAdapters(
+        core.fleet, lambda: core.control_client, core.clock, settings.lora_adapter_timeout
+    )
+    core.fleet.on_models_learned(adapters)
     # In one process only, its changes shared through the change log
     # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
@@ -208,6 +214,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await discovery_task
             await stack.aclose()
+            await adapters.close()
             if planner_task is not None and planner is not None:
                 # Its workers stay up: a restarted proxy finds them in the state file.
                 planner_task.cancel()
@@ -282,6 +289,7 @@ def create_app(
             route.path, _refuser(route), methods=list(route.methods), include_in_schema=False
         )
     control.include_router(admin_router(core, changes, sync, planner))
+    control.include_router(lora_router(adapters, settings.admin_token))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
