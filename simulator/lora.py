@@ -36,7 +36,9 @@ class LoraConfig:
         return list(self.adapters).index(name) + 1
 
 
-def parse_lora_modules(specs: Iterable[str], max_loras: int = 1) -> LoraConfig:
+def parse_lora_modules(
+    specs: Iterable[str], max_loras: int = 1, runtime_updates: bool = False
+) -> LoraConfig:
     """`NAME=PATH` entries (vLLM's plain form of --lora-modules) -> LoraConfig."""
     adapters: dict[str, str] = {}
     for spec in specs:
@@ -46,7 +48,7 @@ def parse_lora_modules(specs: Iterable[str], max_loras: int = 1) -> LoraConfig:
         adapters[name] = path
     if max_loras < 1:
         raise ValueError("--max-loras must be at least 1")
-    return LoraConfig(MappingProxyType(adapters), max_loras)
+    return LoraConfig(MappingProxyType(adapters), max_loras, runtime_updates)
 
 
 class AdapterError(Exception):
