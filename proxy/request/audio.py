@@ -26,7 +26,7 @@ from proxy.asgi import Receive, Scope, Send, response_headers, send_error
 from proxy.backends.accounting import Dispatch
 from proxy.errors import FailureKind, ProxyError
 from proxy.ports import RequestServices
-from proxy.request.body_budget import BodyBudget
+from proxy.request.body_budget import BodyBudget, no_room
 from proxy.request.choosing import BackendChooser
 from proxy.request.entry import Authorize
 from proxy.request.form_peek import FieldPeek, form_boundary
@@ -186,15 +186,7 @@ class AudioRelay:
 
     def _no_room(self, size: int) -> ProxyError:
         self.core.metrics.body_budget_refusals.inc()
-        bodies = self._bodies
-        return ProxyError(
-            503,
-            f"the proxy holds {bodies.held} bytes of request bodies; this upload's first "
-            f"{size} would pass its max_body_bytes_in_flight ({bodies.limit}); retry shortly",
-            type="service_unavailable",
-            code=503,
-            headers=[(b"retry-after", b"1")],
-        )
+        return no_room(self._bodies, size)
 
     def _backend_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         if self._backend_auth is None:

@@ -154,6 +154,14 @@ HOT_ROUTES: dict[str, tuple[str, bool]] = {
 AUDIO_ROUTES: dict[str, str] = {r.path: r.endpoint for r in ROUTES if r.how == "audio"}
 # Endpoint names of the pooling routes (vLLM serves them only for pooling models).
 POOLING_ENDPOINTS = frozenset(r.endpoint for r in ROUTES if r.how == "pooling")
+
+
+def endpoint_name(path: str) -> str:
+    """The metrics' endpoint name of a relayed route's path (a hot or an audio route)."""
+    hot = HOT_ROUTES.get(path)
+    return hot[0] if hot is not None else AUDIO_ROUTES[path]
+
+
 REFUSED: tuple[Route, ...] = tuple(r for r in ROUTES if r.how == "refused")
 
 

@@ -104,18 +104,16 @@ class FleetProxyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in HOT_ROUTES:
-            if scope["method"] == "POST":
-                await self.forwarder(scope, receive, send)
-            else:
-                await self._wrong_method(scope, receive, send)
+            handler = self.forwarder
+        elif scope["type"] == "http" and scope["path"] in AUDIO_ROUTES:
+            handler = self.audio
+        else:
+            await self._control(scope, receive, send)
             return
-        if scope["type"] == "http" and scope["path"] in AUDIO_ROUTES:
-            if scope["method"] == "POST":
-                await self.audio(scope, receive, send)
-            else:
-                await self._wrong_method(scope, receive, send)
-            return
-        await self._control(scope, receive, send)
+        if scope["method"] == "POST":
+            await handler(scope, receive, send)
+        else:
+            await self._wrong_method(scope, receive, send)
 
 
 async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:

@@ -4,6 +4,7 @@ in bounded memory, the body cap (declared and chunked) and an unknown model."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from simulator.fleet import SimFleet, start_fleet
+from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
@@ -141,3 +143,92 @@ async def test_an_unknown_model_gets_404(fleet: SimFleet) -> None:
         with pytest.raises(openai.NotFoundError) as e:
             await sdk(url).audio.transcriptions.create(file=audio(100), model="no-such-model")
         assert "no-such-model" in str(e.value)
+
+
+async def test_a_model_after_the_file_is_found_with_the_body_held(fleet: SimFleet) -> None:
+    boundary = "b0und"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            "Content-Type: audio/wav\r\n\r\n"
+        ).encode()
+        + b"\x04" * 200_000
+        + (
+            f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{MODEL}\r\n'
+            f"--{boundary}--\r\n"
+        ).encode()
+    )
+    headers = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    settings = fast_settings(fleet.urls)
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        r = await c.post("/v1/audio/transcriptions", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "simulated transcribed audio of 200000 bytes"
+        no_model = body.replace(b'name="model"', b'name="lang"')
+        r = await c.post("/v1/audio/transcriptions", content=no_model, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+        r = await c.post("/v1/audio/transcriptions", content=b"{}", headers={})
+        assert r.status_code == 400 and "multipart/form-data" in r.text
+
+
+async def test_a_small_upload_is_retried_and_a_large_one_is_not(fleet: SimFleet) -> None:
+    """One engine answers every request 500. A large upload streamed to it gets that answer
+    (it cannot be sent again); a small one held whole is tried on the other engine."""
+    failing = fleet.engines[0]
+    failing.engine.faults.settings.error_rate = 1.0
+    failing_id = failing.url.removeprefix("http://")
+    settings = fast_settings(fleet.urls, policy="round_robin", audio_replay_bytes=10_000)
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+        head, tail = form_parts(MODEL, "b0und")
+        headers = {"content-type": "multipart/form-data; boundary=b0und"}
+        large = head + b"\x05" * (2 * MIB) + tail  # far more than one read of the socket
+        answered = []
+        for _ in range(4):
+            r = await c.post("/v1/audio/transcriptions", content=large, headers=headers)
+            answered.append((r.status_code, r.headers["x-fleet-backend"] == failing_id))
+        assert sorted(set(answered)) == [(200, False), (500, True)]
+        small = head + b"\x05" * 1000 + tail
+        for _ in range(4):
+            r = await c.post("/v1/audio/transcriptions", content=small, headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-fleet-backend"] != failing_id
+
+
+async def test_client_keys_and_admission_hold_for_uploads(fleet: SimFleet) -> None:
+    settings = fast_settings(
+        fleet.urls, api_keys=["k1"], max_concurrent_requests=1, admission_queue_size=0
+    )
+    async with running_proxy(settings) as (url, app):
+        with pytest.raises(openai.AuthenticationError):
+            await openai.AsyncOpenAI(
+                base_url=url + "/v1", api_key="wrong", max_retries=0
+            ).audio.transcriptions.create(file=audio(10), model=MODEL)
+        keyed = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k1", max_retries=0)
+        t = await keyed.audio.transcriptions.create(file=audio(10), model=MODEL)
+        assert t.text.endswith("of 10 bytes")
+
+        # One upload in flight takes the only admission slot: another is refused at once.
+        release = asyncio.Event()
+        head, tail = form_parts(MODEL, "b0und")
+
+        async def slow() -> AsyncIterator[bytes]:
+            yield head
+            await release.wait()
+            yield b"\x06" * 10 + tail
+
+        headers = {
+            "content-type": "multipart/form-data; boundary=b0und",
+            "authorization": "Bearer k1",
+        }
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            first = asyncio.create_task(
+                c.post("/v1/audio/transcriptions", content=slow(), headers=headers)
+            )
+
+            gate = app.admission
+            assert gate is not None
+            await eventually(lambda: gate.running == 1, what="the upload admitted")
+            r = await c.post("/v1/audio/transcriptions", content=head + tail, headers=headers)
+            assert r.status_code == 429, r.text
+            release.set()
+            assert (await first).status_code == 200
