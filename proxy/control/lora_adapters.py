@@ -28,6 +28,7 @@ from proxy.control.lora_fanout import (
     missing,
     plan_load,
     plan_unload,
+    remembered_after_load,
     verdict,
 )
 
@@ -77,23 +78,20 @@ class FleetAdapters:
         outcomes = [Outcome(i, True, None, "already loaded") for i in plan.already]
         outcomes += await asyncio.gather(*(self._call(i, "load", body) for i in plan.call))
         if any(o.ok for o in outcomes):
-            self.remembered[name] = Adapter(
-                name, path, base, None if chosen is None else frozenset(chosen)
-            )
+            before = self.remembered.get(name)
+            self.remembered[name] = remembered_after_load(before, name, path, base, chosen)
         return self._answer("load", name, base, outcomes)
 
     async def unload(
         self, name: str, chosen: list[str] | None, extra: dict[str, Any]
     ) -> tuple[int, dict[str, Any]]:
         targets = plan_unload(name, self._engines(), chosen)
-        if chosen is None:
-            self.remembered.pop(name, None)  # no engine is to get it again
+        # Forgotten first: no engine is to get it again while the unload runs.
+        remembered = self.remembered.pop(name, None)
+        if remembered is not None and chosen is not None:
+            self.remembered[name] = remembered.unloaded_from(chosen)
         body = {**extra, "lora_name": name}
         outcomes = await asyncio.gather(*(self._call(i, "unload", body) for i in targets))
-        remembered = self.remembered.get(name)
-        if remembered is not None and remembered.backends is not None and chosen is not None:
-            left = remembered.backends - set(chosen)
-            self.remembered[name] = Adapter(name, remembered.path, remembered.base, left)
         base = remembered.base if remembered is not None else None
         return self._answer("unload", name, base, outcomes)
 

@@ -34,12 +34,34 @@ class Engine:
 @dataclass(frozen=True, slots=True)
 class Adapter:
     """An adapter the fleet is to keep loaded; `backends`: the engines it was asked for,
-    None for every engine serving `base`."""
+    None for every engine serving `base` but those `excluded` (unloaded from by name)."""
 
     name: str
     path: str
     base: str
     backends: frozenset[str] | None = None
+    excluded: frozenset[str] = frozenset()
+
+    def loaded_on(self, path: str, chosen: Collection[str] | None) -> Adapter:
+        """This adapter once loaded again (from `path`) on `chosen` (None: everywhere)."""
+        if chosen is None:
+            return Adapter(self.name, path, self.base)
+        backends = None if self.backends is None else self.backends | set(chosen)
+        return Adapter(self.name, path, self.base, backends, self.excluded - set(chosen))
+
+    def unloaded_from(self, chosen: Collection[str]) -> Adapter:
+        """This adapter once unloaded from the engines `chosen`: none of them gets it again."""
+        backends = None if self.backends is None else self.backends - set(chosen)
+        return Adapter(self.name, self.path, self.base, backends, self.excluded | set(chosen))
+
+
+def remembered_after_load(
+    before: Adapter | None, name: str, path: str, base: str, chosen: Collection[str] | None
+) -> Adapter:
+    """What is remembered of an adapter once it loaded on some engine."""
+    if before is None or before.base != base:
+        return Adapter(name, path, base, None if chosen is None else frozenset(chosen))
+    return before.loaded_on(path, chosen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +154,7 @@ def missing(
     for a in remembered:
         if a.name in engine.models or not engine.serves_base(a.base):
             continue
-        if a.backends is not None and engine.id not in a.backends:
+        if engine.id in a.excluded or (a.backends is not None and engine.id not in a.backends):
             continue
         last = asked_at.get((engine.id, a.name))
         if last is not None and now - last < RETRY_AFTER_S:

@@ -14,6 +14,7 @@ from proxy.control.lora_fanout import (
     missing,
     plan_load,
     plan_unload,
+    remembered_after_load,
     verdict,
 )
 from proxy.errors import ProxyError
@@ -71,3 +72,19 @@ def test_a_joining_engine_lacks_the_remembered_adapters_of_its_base() -> None:
     asked = {("a", "sql"): 100.0}
     assert missing(A, remembered, asked, 100.0 + RETRY_AFTER_S - 1) == []
     assert missing(A, remembered, asked, 100.0 + RETRY_AFTER_S) == [sql]
+
+
+def test_an_unload_by_name_keeps_those_engines_from_getting_it_again() -> None:
+    sql = remembered_after_load(None, "sql", "/p/sql", "llama", None)
+    assert sql == Adapter("sql", "/p/sql", "llama")
+    without_a = sql.unloaded_from(["a"])
+    assert missing(A, [without_a], {}, 0.0) == []
+    other = Engine("d", ("llama",), frozenset())
+    assert missing(other, [without_a], {}, 0.0) == [without_a]
+    # Loaded on `a` by name again: it is `a`'s again, the rest as before.
+    back = remembered_after_load(without_a, "sql", "/p/sql2", "llama", ["a"])
+    assert back.excluded == frozenset() and back.backends is None and back.path == "/p/sql2"
+    # Loaded by name first: only those engines keep it; a later load everywhere widens it.
+    only_b = remembered_after_load(None, "chat", "/p/chat", "llama", ["b"])
+    assert only_b.backends == frozenset({"b"})
+    assert remembered_after_load(only_b, "chat", "/p/chat", "llama", None).backends is None
