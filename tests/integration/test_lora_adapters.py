@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+from policies.scorers.lora import RUNNING, lora_affinity
+from proxy.serving.app import FleetProxyApp
 from simulator.fleet import SimFleet, start_fleet
 from simulator.lora import LoraConfig
 from simulator.server import EngineServer
@@ -28,6 +30,13 @@ RUNTIME = LoraConfig(max_loras=2, runtime_updates=True)
 async def fleet() -> AsyncIterator[SimFleet]:
     async with await start_fleet(3, speed=10.0, lora=RUNTIME) as f:
         yield f
+
+
+def only_live_backend(app: FleetProxyApp) -> str:
+    """The backend serving the proxy's only live request."""
+    rows = list(app.core.live)
+    assert len(rows) == 1
+    return rows[0].backend_id
 
 
 def loaded(engine: EngineServer) -> set[str]:
@@ -56,7 +65,7 @@ async def test_without_an_admin_token_the_routes_are_refused(fleet: SimFleet) ->
 @pytest.mark.slow
 async def test_adapters_are_loaded_served_and_unloaded_across_the_fleet(fleet: SimFleet) -> None:
     settings = fast_settings(fleet.urls, admin_token="s3cret")
-    async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
+    async with running_proxy(settings) as (url, app), httpx.AsyncClient(base_url=url) as c:
         wrong = await c.post(
             "/v1/load_lora_adapter",
             json={"lora_name": "a", "lora_path": "/a"},
@@ -88,6 +97,23 @@ async def test_adapters_are_loaded_served_and_unloaded_across_the_fleet(fleet: S
             assert raw.parse().model == "sql-lora"
             served.add(raw.headers["x-fleet-backend"])
         assert served  # every engine holds it: any may serve it
+
+        # A request for the adapter running on an engine: the LoRA-affinity scorer sees it
+        # there from the engine's next metrics scrape.
+        stream = await client.completions.create(
+            model="sql-lora", prompt="SELECT", max_tokens=3000, stream=True
+        )
+        assert (await anext(aiter(stream))).model == "sql-lora"
+        backend = app.core.fleet.get(only_live_backend(app))
+        assert backend is not None
+
+        def running_there() -> bool:
+            snapshot = backend.snapshot
+            metrics = snapshot.metrics if snapshot is not None else None
+            return lora_affinity("sql-lora", metrics) == RUNNING
+
+        await eventually(running_there, within=20, what="the adapter seen running")
+        await stream.close()
 
         r = await c.post("/v1/unload_lora_adapter", json={"lora_name": "sql-lora"}, headers=AUTH)
         assert r.status_code == 200, r.text
