@@ -79,7 +79,6 @@ class AudioRelay:
             if k not in self._drop:
                 upstream.append((k, v))
         request_id = headers.get("x-request-id") or os.urandom(16).hex()
-        upstream.append((b"x-request-id", f"{request_id}-{os.urandom(6).hex()}".encode()))
         limit = self.core.settings.max_body_bytes
         upload = Upload(receive, limit, self._bodies, self._no_room)
         status = 500
@@ -94,6 +93,9 @@ class AudioRelay:
                 if int(declared) > limit:
                     raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
                 upstream.append((b"content-length", declared.encode()))
+            # Last: each attempt's own id is made from it (_backend_headers).
+            upstream_id = f"{request_id}-{os.urandom(6).hex()}"
+            upstream.append((b"x-request-id", upstream_id.encode("latin-1")))
             model = await self._read_model(upload, headers.get("content-type"))
             ctx = RequestContext(
                 request_id=request_id, endpoint=endpoint, model=model, body={"model": model},
@@ -151,8 +153,8 @@ class AudioRelay:
                     dispatch.move(backend.load, 0)
                     sending = upload.whole() if replayable else upload.rest()
                     request = client.build_request(
-                        "POST", backend.url + path, headers=self._backend_headers(headers),
-                        content=sending,
+                        "POST", backend.url + path,
+                        headers=self._backend_headers(headers, attempt), content=sending,
                     )  # fmt: skip
                     try:
                         resp = await client.send(request, stream=True)
@@ -188,10 +190,18 @@ class AudioRelay:
         self.core.metrics.body_budget_refusals.inc()
         return no_room(self._bodies, size)
 
-    def _backend_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        if self._backend_auth is None:
-            return headers
-        return [*headers, (b"authorization", self._backend_auth.encode("latin-1"))]
+    def _backend_headers(
+        self, headers: list[tuple[bytes, bytes]], attempt: int
+    ) -> list[tuple[bytes, bytes]]:
+        """The headers of one attempt: after the first, its x-request-id gets a suffix, so
+        that a retry never shares an id with a request an engine may still hold."""
+        out = headers
+        if attempt:
+            name, value = headers[-1]
+            out = [*headers[:-1], (name, b"%s-%d" % (value, attempt))]
+        if self._backend_auth is not None:
+            out = [*out, (b"authorization", self._backend_auth.encode("latin-1"))]
+        return out
 
     async def _answer(
         self, ctx: RequestContext, resp: httpx.Response, backend_id: str, send: Send
