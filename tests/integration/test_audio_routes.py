@@ -73,6 +73,15 @@ async def in_flight(c: httpx.AsyncClient) -> float:
     raise AssertionError("no fleet_proxy_body_bytes_in_flight in /metrics")
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
 def form_parts(model: str, boundary: str) -> tuple[bytes, bytes]:
     head = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{model}\r\n'
@@ -85,11 +94,13 @@ def form_parts(model: str, boundary: str) -> tuple[bytes, bytes]:
 @pytest.mark.slow
 async def test_a_20_mb_upload_streams_through_in_bounded_memory(fleet: SimFleet) -> None:
     """The proxy holds the upload's bytes only until its model is read: the process's
-    body-bytes gauge, sampled while the 20 MB go through, stays far below the upload."""
+    body-bytes gauge, sampled while the 20 MB go through, stays far below the upload, and so
+    does the growth of the resident memory of this process (proxy, engines and client)."""
     settings = fast_settings(fleet.urls, max_body_bytes=32 * MIB)
     size = 20 * 1000 * 1000
     chunk = 256 * 1024
     seen: list[float] = []
+    rss = [resident_bytes()]
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(base_url=url) as c:
         head, tail = form_parts(MODEL, "b0und")
 
@@ -102,6 +113,7 @@ async def test_a_20_mb_upload_streams_through_in_bounded_memory(fleet: SimFleet)
                 sent += n
                 if sent % (16 * chunk) == 0:
                     seen.append(await in_flight(c))
+                    rss.append(resident_bytes())
             yield tail
 
         r = await c.post(
@@ -116,6 +128,7 @@ async def test_a_20_mb_upload_streams_through_in_bounded_memory(fleet: SimFleet)
     assert len(seen) >= 4
     # Held at most: the part read before streaming began (audio_replay_bytes) and a chunk.
     assert max(seen) <= settings.audio_replay_bytes + 2 * chunk
+    assert max(rss) - rss[0] < size // 2, [r - rss[0] for r in rss]
 
 
 async def test_a_body_over_the_cap_gets_413_declared_or_chunked(fleet: SimFleet) -> None:
