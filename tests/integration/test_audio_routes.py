@@ -50,6 +50,13 @@ async def test_the_openai_sdk_transcribes_and_translates_through_the_proxy(
             file=audio(10), model=MODEL, response_format="text"
         )
         assert plain.strip() == "simulated transcribed audio of 10 bytes"
+        async with httpx.AsyncClient(base_url=url) as c:
+            metrics = (await c.get("/metrics")).text
+        for endpoint, n in (("audio/transcriptions", 2), ("audio/translations", 1)):
+            series = (
+                f'fleet_proxy_requests_total{{endpoint="{endpoint}",model="{MODEL}",status="200"}}'
+            )
+            assert f"{series} {float(n)}" in metrics, endpoint
 
 
 async def test_a_streamed_transcription_is_relayed_as_events(fleet: SimFleet) -> None:
