@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from fleet.types import FRESH, STALE, Backend, BackendSpec
@@ -25,11 +26,20 @@ class DuplicateBackend(ValueError):
     pass
 
 
+class ModelsLearned(Protocol):
+    """Told each time a backend's served models are learned from it: when it joins (found by
+    discovery, added by the admin API, configured), when it comes back healthy (an engine
+    restarted), and at every later /v1/models poll."""
+
+    def models_learned(self, backend: Backend) -> None: ...
+
+
 class FleetRegistry:
     def __init__(self, stale_after: float) -> None:
         self._backends: dict[str, Backend] = {}
         self.stale_after = stale_after
         self._removed_listeners: list[Callable[[str], None]] = []
+        self._models_listeners: list[ModelsLearned] = []
         self._adapter_names: frozenset[str] = frozenset()  # over every backend
 
     def __iter__(self) -> Iterator[Backend]:
@@ -69,6 +79,17 @@ class FleetRegistry:
 
     def on_removed(self, listener: Callable[[str], None]) -> None:
         self._removed_listeners.append(listener)
+
+    def on_models_learned(self, listener: ModelsLearned) -> None:
+        self._models_listeners.append(listener)
+
+    def models_learned(
+        self, backend: Backend, models: tuple[str, ...], adapters: frozenset[str] = frozenset()
+    ) -> None:
+        """What the backend's own /v1/models lists now: set, and told to the listeners."""
+        self.set_models(backend, models, adapters)
+        for listener in self._models_listeners:
+            listener.models_learned(backend)
 
     def set_draining(self, backend_id: str, draining: bool) -> Backend | None:
         backend = self._backends.get(backend_id)

@@ -115,7 +115,7 @@ class Scraper:
             backend.last_error = f"/v1/models failed: {type(e).__name__}: {e}"
             return
         if models:
-            self.registry.set_models(backend, models, adapters)
+            self.registry.models_learned(backend, models, adapters)
         known = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
         backend.max_model_len = min(known) if known else None
 

@@ -179,6 +179,9 @@ class Settings(BaseSettings):
     # overrides `policy` when given.
     routing: dict[str, Any] | None = None
     admin_token: SecretStr | None = None
+    # Seconds an engine may take to answer a LoRA adapter load or unload the proxy fans out
+    # (an engine reads the adapter's weights before it answers).
+    lora_adapter_timeout: float = Field(60.0, gt=0, allow_inf_nan=False)
     # --- client access control (proxy/serving/access.py, README.md "Access control")
     # Keys clients must send as `Authorization: Bearer <key>` on the OpenAI endpoints; with
     # none here and no api_keys_file, those endpoints are open. A comma list or a YAML list.
@@ -259,6 +262,15 @@ class Settings(BaseSettings):
         0.5, gt=0, le=1, description="share of the fleet ejected at once (at least one)"
     )
     max_body_bytes: int = Field(10 * 1024 * 1024, gt=0)
+    # An audio upload (/v1/audio/*) this size or smaller is held whole, so that a backend
+    # failing before its answer can be replaced by another; a larger one streams through
+    # to one backend, held only until its `model` field is read, and is not tried again.
+    audio_replay_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="audio uploads up to this size are held and may be retried; larger "
+        "ones stream through to one backend",
+    )
     # Bodies in flight across the serving process: without a total, a few hundred bodies
     # under max_body_bytes each exhaust the machine. A body costs about three times its size
     # in memory while its request runs (read, parsed, sent on): 128 MiB holds 12 bodies at the

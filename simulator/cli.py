@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import os
 import signal
 import sys
+from collections.abc import Mapping
 
 from fleet.types import Role
 from simulator.faults import parse_fault_update
@@ -14,6 +16,11 @@ from simulator.fleet import DEFAULT_MODEL, start_fleet
 from simulator.kv_events_config import KvEventsConfig, parse_kv_events_config
 from simulator.lora import parse_lora_modules
 from simulator.profiles import DEFAULT_PROFILE, Profile, available_profiles, load_profile
+
+
+def runtime_lora_updates(env: Mapping[str, str]) -> bool:
+    """vLLM's switch for the run-time LoRA routes, read by the simulator alike."""
+    return env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +171,9 @@ async def _serve(args: argparse.Namespace) -> int:
             speed=args.speed,
             model=args.model,
             api_key=args.api_key,
-            lora=parse_lora_modules(args.lora_modules, args.max_loras),
+            lora=parse_lora_modules(
+                args.lora_modules, args.max_loras, runtime_lora_updates(os.environ)
+            ),
             kv_events=args.kv_events_config,
         )
     except OSError as e:  # a port taken, or an address this machine does not have

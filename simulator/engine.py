@@ -22,7 +22,7 @@ from fleet.kv_events import KvEvent
 from simulator.core import EngineCore
 from simulator.faults import FaultState
 from simulator.lm import DeterministicLM
-from simulator.lora import LoraConfig
+from simulator.lora import AdapterTable, LoraConfig
 from simulator.metrics import SimMetrics
 from simulator.profiles import Profile
 from simulator.request import GenerationParams, SimRequest
@@ -56,6 +56,7 @@ class Engine:
     ) -> None:
         self.profile = profile
         self.lora = lora or LoraConfig()
+        self.adapters = AdapterTable(self.lora)  # served now: loads and unloads change it
         self.tokenizer = tokenizer
         self.lm = DeterministicLM(tokenizer.generatable, profile.eos_probability)
         self.time = time
@@ -107,6 +108,7 @@ class Engine:
         for req in list(self.core.iter_requests()):
             self.core.abort(req.request_id)
         self.metrics = SimMetrics(self.model_name, self.profile, lora=self.lora)
+        self.adapters = AdapterTable(self.lora)  # adapters loaded at run time are gone
         self.core = self._new_core()
         self.core.slowdown = self.faults.settings.slowdown
         if self.kv_events is not None:

@@ -1,5 +1,6 @@
 """LoRA adapters of a simulated engine, as `vllm serve --lora-modules NAME=PATH --max-loras N`
-configures them.
+configures them, and as `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` lets clients load and unload
+them while it runs (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
 
 An adapter is a model name the engine serves on top of its base model: /v1/models lists it
 (with its path as `root` and the base model as `parent`), requests may name it, and its
@@ -22,10 +23,12 @@ from prometheus_client import CollectorRegistry, Gauge
 class LoraConfig:
     adapters: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     max_loras: int = 1  # vLLM's default
+    # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING (with --enable-lora): the load/unload routes.
+    runtime_updates: bool = False
 
     @property
     def enabled(self) -> bool:
-        return bool(self.adapters)
+        return bool(self.adapters) or self.runtime_updates
 
     def adapter_id(self, name: str) -> int:
         """The adapter's integer id as vLLM numbers adapters loaded at start-up: 1, 2, ... in
@@ -33,7 +36,9 @@ class LoraConfig:
         return list(self.adapters).index(name) + 1
 
 
-def parse_lora_modules(specs: Iterable[str], max_loras: int = 1) -> LoraConfig:
+def parse_lora_modules(
+    specs: Iterable[str], max_loras: int = 1, runtime_updates: bool = False
+) -> LoraConfig:
     """`NAME=PATH` entries (vLLM's plain form of --lora-modules) -> LoraConfig."""
     adapters: dict[str, str] = {}
     for spec in specs:
@@ -43,7 +48,43 @@ def parse_lora_modules(specs: Iterable[str], max_loras: int = 1) -> LoraConfig:
         adapters[name] = path
     if max_loras < 1:
         raise ValueError("--max-loras must be at least 1")
-    return LoraConfig(MappingProxyType(adapters), max_loras)
+    return LoraConfig(MappingProxyType(adapters), max_loras, runtime_updates)
+
+
+class AdapterError(Exception):
+    """A load or unload vLLM refuses: `status` and its message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AdapterTable:
+    """The adapters an engine serves now: those of its start-up, and those loaded since.
+
+    Ids are vLLM's: start-up adapters 1, 2, ... in order, each later load the next number
+    (never reused, as vLLM's counter)."""
+
+    def __init__(self, config: LoraConfig) -> None:
+        self.paths: dict[str, str] = dict(config.adapters)
+        self._ids = {name: i + 1 for i, name in enumerate(config.adapters)}
+        self._next_id = len(self._ids) + 1
+
+    def adapter_id(self, name: str) -> int:
+        return self._ids[name]
+
+    def load(self, name: str, path: str) -> None:
+        if name in self.paths:
+            raise AdapterError(400, f"The lora adapter '{name}' has already been loaded.")
+        self.paths[name] = path
+        self._ids[name] = self._next_id
+        self._next_id += 1
+
+    def unload(self, name: str) -> None:
+        if name not in self.paths:
+            raise AdapterError(404, f"The lora adapter '{name}' cannot be found.")
+        del self.paths[name]
+        del self._ids[name]
 
 
 class LoraInfoGauge:

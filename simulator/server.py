@@ -16,12 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from fleet.types import Role
+from simulator.audio_api import AudioRequest, stream_events, whole_answer
 from simulator.engine import Engine
 from simulator.faults import FaultState, parse_fault_update
 from simulator.kv_publisher import KvEventPublisher
+from simulator.lora import AdapterError
 from simulator.metrics import METRICS_CONTENT_TYPE
 from simulator.openai_api import (
     CHAT,
@@ -122,6 +124,11 @@ class EngineServer:
             r.add_post("/v1/completions", self._completions)
             r.add_post("/v1/chat/completions", self._chat)
             r.add_post("/v1/responses", self._responses)
+            r.add_post("/v1/audio/transcriptions", self._transcription)
+            r.add_post("/v1/audio/translations", self._translation)
+        if self.engine.lora.runtime_updates:
+            r.add_post("/v1/load_lora_adapter", self._load_lora)
+            r.add_post("/v1/unload_lora_adapter", self._unload_lora)
         r.add_post("/inference/v1/abort_requests", self._abort_requests)
         r.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         r.add_get("/_sim/faults", self._get_faults)
@@ -232,12 +239,84 @@ class EngineServer:
         # vLLM lists each LoRA adapter after the base model, with its path as root.
         adapters = [
             _model_card(lora, path, name, None, created)
-            for lora, path in self.engine.lora.adapters.items()
+            for lora, path in self.engine.adapters.paths.items()
         ]
         return _json({"object": "list", "data": [base, *adapters]})
 
     async def _load(self, request: web.Request) -> web.Response:
         return _json({"server_load": self.in_flight})
+
+    async def _load_lora(self, request: web.Request) -> web.Response:
+        return await self._change_lora(request, load=True)
+
+    async def _unload_lora(self, request: web.Request) -> web.Response:
+        return await self._change_lora(request, load=False)
+
+    async def _change_lora(self, request: web.Request, *, load: bool) -> web.Response:
+        try:
+            body = await self._read_json(request)
+            if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str):
+                raise ApiError("'lora_name' is required")
+            name: str = body["lora_name"]
+            if load:
+                path = body.get("lora_path")
+                if not isinstance(path, str) or not path:
+                    raise ApiError("Both 'lora_name' and 'lora_path' must be provided.")
+                self.engine.adapters.load(name, path)
+            else:
+                self.engine.adapters.unload(name)
+        except ApiError as e:
+            return _json(e.body(), e.status)
+        except AdapterError as e:
+            return _json(error_body(str(e), e.status), e.status)
+        # vLLM answers a plain text body.
+        done = "added" if load else "removed"
+        return web.Response(text=f"Success: LoRA adapter '{name}' {done} successfully.")
+
+    async def _transcription(self, request: web.Request) -> web.StreamResponse:
+        return await self._speech_to_text(request, "transcription")
+
+    async def _translation(self, request: web.Request) -> web.StreamResponse:
+        return await self._speech_to_text(request, "translation")
+
+    async def _speech_to_text(self, request: web.Request, task: str) -> web.StreamResponse:
+        engine = self.engine
+        req = AudioRequest(task)
+        try:
+            reader = await request.multipart()
+        except (AssertionError, ValueError, KeyError) as e:
+            return _json(error_body(f"expected multipart/form-data: {e}", 400), 400)
+        while True:
+            part = await reader.next()
+            if part is None:
+                break
+            if not isinstance(part, BodyPartReader) or part.name is None:
+                continue
+            if part.filename is not None or part.name == "file":
+                req.has_file = True
+                # Read to its end without holding it, as a bounded-memory engine would.
+                while chunk := await part.read_chunk(1 << 16):
+                    req.file_bytes += len(chunk)
+            else:
+                req.fields[part.name] = (await part.read()).decode("utf-8", "replace")
+        if not req.has_file:
+            return _json(error_body("Field required: file", 400, "file"), 400)
+        model = req.model or engine.model_name
+        if model != engine.model_name and model not in engine.adapters.paths:
+            return _json(unknown_model(model, engine.model_name).body(), 404)
+        if engine.faults.should_error():
+            return _json(error_body("simulated engine error", 500), 500)
+        if req.stream:
+            resp = web.StreamResponse(headers=_SSE_HEADERS)
+            await resp.prepare(request)
+            for event in stream_events(req, model):
+                await resp.write(sse(event))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        if req.response_format == "text":
+            return web.Response(text=req.text(), content_type="text/plain")
+        return _json(whole_answer(req))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.engine.faults.settings.metrics_unavailable:
@@ -433,7 +512,7 @@ class EngineServer:
                 engine.tokenizer,
                 engine.model_name,
                 engine.profile.max_model_len,
-                engine.lora.adapters,
+                engine.adapters.paths,
             )
         except ApiError as e:
             return _json(e.body(), e.status)
@@ -447,7 +526,7 @@ class EngineServer:
         req = engine.new_request(rid, p.prompt_ids, p.params)
         req.lora = p.lora
         if p.lora is not None:
-            req.lora_id = engine.lora.adapter_id(p.lora)
+            req.lora_id = engine.adapters.adapter_id(p.lora)
         kv = p.kv_transfer_params
         if kv and kv.get("do_remote_decode"):
             req.do_remote_decode = True

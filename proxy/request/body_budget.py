@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from proxy.errors import ProxyError
+
 
 class BodyBudget:
     __slots__ = ("_waiters", "held", "limit", "wait_s")
@@ -86,3 +88,15 @@ class BodyBudget:
             waiters.popleft()
             self.held += n
             waiter.set_result(True)
+
+
+def no_room(bodies: BodyBudget, size: int) -> ProxyError:
+    """The 503 for a body whose `size` bytes found no room in `bodies` in time."""
+    return ProxyError(
+        503,
+        f"the proxy holds {bodies.held} bytes of request bodies; this one's {size} would "
+        f"pass its max_body_bytes_in_flight ({bodies.limit}); retry shortly",
+        type="service_unavailable",
+        code=503,
+        headers=[(b"retry-after", b"1")],
+    )

@@ -30,7 +30,7 @@ from proxy.request.body import (
     parse_object,
     require_model,
 )
-from proxy.request.body_budget import BodyBudget
+from proxy.request.body_budget import BodyBudget, no_room
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
 from proxy.request.routes import HOT_ROUTES
@@ -124,6 +124,7 @@ class Forwarder:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
         bodies = BodyBudget(core.settings.max_body_bytes_in_flight, core.settings.body_bytes_wait)
         self._bodies = bodies
+        self.bodies = bodies  # the process's body budget, shared with the audio uploads
         core.metrics.body_bytes_in_flight.set_function(lambda: bodies.held)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -285,15 +286,7 @@ class Forwarder:
 
     def _no_room_for(self, size: int) -> ProxyError:
         self.core.metrics.body_budget_refusals.inc()
-        bodies = self._bodies
-        return ProxyError(
-            503,
-            f"the proxy holds {bodies.held} bytes of request bodies; this one's {size} would "
-            f"pass its max_body_bytes_in_flight ({bodies.limit}); retry shortly",
-            type="service_unavailable",
-            code=503,
-            headers=[(b"retry-after", b"1")],
-        )
+        return no_room(self._bodies, size)
 
     def _context(
         self,

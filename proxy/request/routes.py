@@ -6,9 +6,12 @@ Every path that `vllm serve` (0.32) answers is here, with how the proxy treats i
 - `pooling`: relayed whole to a backend serving the request's model (embeddings, scoring,
   reranking, classification: vLLM registers them only on engines running a pooling model);
 - `tokenize`: relayed whole to a backend serving the request's model;
-- `fleet`: answered by the proxy itself, for the whole fleet (`/v1/models`, `/health`);
+- `audio`: a multipart upload streamed through to a backend serving its form's `model`, the
+  answer relayed as it comes (proxy/request/audio.py);
 - `responses`: the Responses API, served by the proxy with its own store of responses, each
   new response generated on a backend (proxy/request/responses/);
+- `fleet`: answered by the proxy itself, for the whole fleet (`/v1/models`, `/health`, and
+  the LoRA adapter routes, which act on every engine serving the base model);
 - `refused`: never sent to a backend, answered with an OpenAI-shaped error naming why.
 
 The test against vLLM's own `/openapi.json` (tests/golden/vllm-0.32/) keeps this table
@@ -22,7 +25,7 @@ from typing import Literal
 
 from proxy.errors import error_body
 
-How = Literal["generation", "pooling", "tokenize", "fleet", "responses", "refused"]
+How = Literal["generation", "pooling", "tokenize", "audio", "fleet", "responses", "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,6 @@ NOT_YET_SERVED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("/v1/messages", ("POST",)),
     ("/v1/messages/count_tokens", ("POST",)),
     ("/v1/chat/completions/batch", ("POST",)),
-    ("/v1/audio/transcriptions", ("POST",)),
-    ("/v1/audio/translations", ("POST",)),
     ("/generative_scoring", ("POST",)),
     ("/v1/systemone", ("POST",)),
     ("/invocations", ("POST",)),
@@ -98,6 +99,8 @@ ROUTES: tuple[Route, ...] = (
     _relayed("/v2/rerank", "pooling", "rerank"),
     _relayed("/tokenize", "tokenize", "tokenize"),
     _relayed("/detokenize", "tokenize", "detokenize"),
+    _relayed("/v1/audio/transcriptions", "audio", "audio/transcriptions"),
+    _relayed("/v1/audio/translations", "audio", "audio/translations"),
     _fleet("/v1/models"),
     _fleet("/health"),
     _fleet("/metrics"),
@@ -105,6 +108,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/responses", ("POST",), "responses", "responses"),
     Route("/v1/responses/{response_id}", ("GET", "DELETE"), "responses", "responses"),
     Route("/v1/responses/{response_id}/cancel", ("POST",), "responses", "responses"),
+    _fleet("/v1/load_lora_adapter", "POST"),
+    _fleet("/v1/unload_lora_adapter", "POST"),
     _engine_view("/load"),
     _engine_view("/kv_event_sources"),
     _engine_view("/server_info"),
@@ -115,8 +120,6 @@ ROUTES: tuple[Route, ...] = (
     _engine_view("/fault_tolerance/status"),
     _engine_control("/scale_elastic_ep"),
     _engine_control("/is_scaling_elastic_ep"),
-    _engine_control("/v1/load_lora_adapter"),
-    _engine_control("/v1/unload_lora_adapter"),
     _engine_control("/inference/v1/abort_requests"),
     _engine_control("/abort_requests"),
     _engine_control("/reset_prefix_cache"),
@@ -149,8 +152,18 @@ _RELAYED: frozenset[How] = frozenset({"generation", "pooling", "tokenize"})
 HOT_ROUTES: dict[str, tuple[str, bool]] = {
     r.path: (r.endpoint, r.how == "generation") for r in ROUTES if r.how in _RELAYED
 }
+# The audio routes' paths and endpoint names: uploads the raw handler streams through.
+AUDIO_ROUTES: dict[str, str] = {r.path: r.endpoint for r in ROUTES if r.how == "audio"}
 # Endpoint names of the pooling routes (vLLM serves them only for pooling models).
 POOLING_ENDPOINTS = frozenset(r.endpoint for r in ROUTES if r.how == "pooling")
+
+
+def endpoint_name(path: str) -> str:
+    """The metrics' endpoint name of a relayed route's path (a hot or an audio route)."""
+    hot = HOT_ROUTES.get(path)
+    return hot[0] if hot is not None else AUDIO_ROUTES[path]
+
+
 REFUSED: tuple[Route, ...] = tuple(r for r in ROUTES if r.how == "refused")
 
 

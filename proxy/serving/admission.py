@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import RequestLog
-from proxy.request.routes import HOT_ROUTES
+from proxy.request.routes import endpoint_name
 from proxy.serving.wiring import ProxyCore
 
 REJECT_REASONS = ("queue_full", "queue_timeout")
@@ -162,7 +162,7 @@ class AdmittedHandler:
             await self._gate.enter()
         except ProxyError as e:
             await send_error(send, e, "")
-            endpoint = HOT_ROUTES[scope["path"]][0]
+            endpoint = endpoint_name(scope["path"])
             self._metrics.count_request(endpoint, e.status)
             request_log = self._request_log
             if request_log is not None and request_log.sampled():

@@ -32,15 +32,18 @@ from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.control.admin_routes import admin_router
 from proxy.control.colocated_planner import ColocatedPlanner
 from proxy.control.discovery_loop import kubernetes_discovery
+from proxy.control.lora_adapters import FleetAdapters
+from proxy.control.lora_routes import lora_router
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
+from proxy.request.audio import AudioRelay
 from proxy.request.entry import Forwarder
 from proxy.request.responses.handler import ResponsesApi
 from proxy.request.responses.handler import serves as serves_responses
 from proxy.request.responses.sqlite_store import SqliteResponseStore
 from proxy.request.responses.store import ResponseStore
-from proxy.request.routes import HOT_ROUTES, REFUSED, Route, refusal_message
+from proxy.request.routes import AUDIO_ROUTES, HOT_ROUTES, REFUSED, Route, refusal_message
 from proxy.serving.access import (
     ControlPlaneKeys,
     KeyCheck,
@@ -67,15 +70,17 @@ class FleetProxyApp:
         self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
+        self.audio: AsgiApp
         authorize = None if keys is None else RequireClientKey(keys)
         forwarder = Forwarder(core, authorize)
-        self.forwarder = forwarder
+        self.audio = AudioRelay(core, forwarder.bodies, authorize)
         store = responses_store(core.settings)
         self.responses = ResponsesApi(core, forwarder.legs, store, authorize)
         self.responses_route: AsgiApp = self.responses
         if keys is not None:
             self._control = ControlPlaneKeys(control_app, keys)
             self._wrong_method = ControlPlaneKeys(_wrong_method, keys)
+        self.forwarder = forwarder
         s = core.settings
         self.admission: AdmissionGate | None = None
         if s.max_concurrent_requests is not None:
@@ -88,6 +93,7 @@ class FleetProxyApp:
             )
             self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
             self.responses_route = AdmittedHandler(self.responses, self.admission, core)
+            self.audio = AdmittedHandler(self.audio, self.admission, core)
         self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
@@ -105,16 +111,20 @@ class FleetProxyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in HOT_ROUTES:
-            if scope["method"] == "POST":
-                await self.forwarder(scope, receive, send)
-            else:
-                await self._wrong_method(scope, receive, send)
+            handler = self.forwarder
+        elif scope["type"] == "http" and scope["path"] in AUDIO_ROUTES:
+            handler = self.audio
+        else:
+            # After the hot routes: their requests pay nothing for this one.
+            if scope["type"] == "http" and serves_responses(scope["path"]):
+                await self.responses_route(scope, receive, send)
+                return
+            await self._control(scope, receive, send)
             return
-        # After the hot routes: their requests pay nothing for this one.
-        if scope["type"] == "http" and serves_responses(scope["path"]):
-            await self.responses_route(scope, receive, send)
-            return
-        await self._control(scope, receive, send)
+        if scope["method"] == "POST":
+            await handler(scope, receive, send)
+        else:
+            await self._wrong_method(scope, receive, send)
 
 
 async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:
@@ -123,7 +133,7 @@ async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _no_route(method: str, path: str) -> str:
-    served = ", ".join(["/v1/models", *HOT_ROUTES])
+    served = ", ".join(["/v1/models", *HOT_ROUTES, *AUDIO_ROUTES])
     return f"fleet-proxy does not serve {method} {path}; its OpenAI-compatible paths: {served}"
 
 
@@ -191,6 +201,10 @@ def create_app(
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
     # Settings refuse it with several workers: a drain must see every live request.
     planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
+    adapters = FleetAdapters(
+        core.fleet, lambda: core.control_client, core.clock, settings.lora_adapter_timeout
+    )
+    core.fleet.on_models_learned(adapters)
     # In one process only, its changes shared through the change log
     # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
@@ -233,6 +247,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await discovery_task
             await stack.aclose()
+            await adapters.close()
             if planner_task is not None and planner is not None:
                 # Its workers stay up: a restarted proxy finds them in the state file.
                 planner_task.cancel()
@@ -309,6 +324,7 @@ def create_app(
             route.path, _refuser(route), methods=list(route.methods), include_in_schema=False
         )
     control.include_router(admin_router(core, changes, sync, planner))
+    control.include_router(lora_router(adapters, settings.admin_token))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started

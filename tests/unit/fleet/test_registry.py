@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleet.registry import FleetRegistry
-from fleet.types import BackendSpec
+from fleet.types import Backend, BackendSpec
 
 
 class ModelsThatAct(tuple[str, ...]):
@@ -40,3 +40,24 @@ def test_knows_model_survives_a_backend_added_while_it_reads() -> None:
     fleet = fleet_whose_first_backend_adds_another()
     assert not fleet.knows_model("other")
     assert len(fleet) == 3
+
+
+class Learned:
+    def __init__(self) -> None:
+        self.told: list[tuple[str, tuple[str, ...]]] = []
+
+    def models_learned(self, backend: Backend) -> None:
+        self.told.append((backend.id, backend.spec.models))
+
+
+def test_models_learned_from_a_backend_are_set_then_told_to_listeners() -> None:
+    fleet = FleetRegistry(stale_after=1.0)
+    b = fleet.add(BackendSpec(id="b", url="http://127.0.0.1:1"))
+    listener = Learned()
+    fleet.on_models_learned(listener)
+    fleet.models_learned(b, ("llama", "sql"), frozenset({"sql"}))
+    assert listener.told == [("b", ("llama", "sql"))]
+    assert fleet.is_adapter("sql")
+    # Set by the proxy itself (an adapter it loaded): no listener is told.
+    fleet.set_models(b, ("llama",))
+    assert len(listener.told) == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.request.routes import HOT_ROUTES, POOLING_ENDPOINTS, REFUSED, ROUTES
+from proxy.request.routes import AUDIO_ROUTES, HOT_ROUTES, POOLING_ENDPOINTS, REFUSED, ROUTES
 
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN = REPO / "tests" / "golden" / "vllm-0.32"
@@ -57,10 +57,21 @@ def test_a_refused_route_says_why_with_a_status_a_client_understands() -> None:
         assert route.status in (403, 501), route.path
         assert route.reason, route.path
     not_yet = {r.path for r in REFUSED if r.status == 501}
-    assert {"/v1/responses/render", "/v1/messages", "/v1/audio/transcriptions"} <= not_yet
+    assert {"/v1/responses/render", "/v1/messages"} <= not_yet
     assert "/v1/responses" not in not_yet  # served by the proxy, with its own store
+    assert "/v1/audio/transcriptions" not in not_yet
     control = {r.path for r in REFUSED if r.status == 403}
-    assert {"/scale_elastic_ep", "/v1/load_lora_adapter", "/sleep", "/pause"} <= control
+    assert {"/scale_elastic_ep", "/sleep", "/pause"} <= control
+
+
+def test_audio_uploads_and_lora_adapters_are_served() -> None:
+    how = {r.path: r.how for r in ROUTES}
+    assert AUDIO_ROUTES == {
+        "/v1/audio/transcriptions": "audio/transcriptions",
+        "/v1/audio/translations": "audio/translations",
+    }
+    assert not any(p in HOT_ROUTES for p in AUDIO_ROUTES)
+    assert how["/v1/load_lora_adapter"] == how["/v1/unload_lora_adapter"] == "fleet"
 
 
 def test_the_api_guide_lists_every_route_with_how_it_is_served() -> None:
