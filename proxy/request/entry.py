@@ -27,6 +27,7 @@ from proxy.request.body import (
     chat_prompt,
     completion_prompt,
     is_stream,
+    messages_prompt,
     parse_object,
     require_model,
 )
@@ -64,7 +65,7 @@ _DROP_REQUEST_HEADERS = frozenset(
 )
 # The client's credentials for this proxy: kept off the backends unless
 # forward_client_authorization says otherwise (a backend_api_key is sent in their place).
-_CLIENT_CREDENTIALS = frozenset({b"authorization"})
+_CLIENT_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 # Fields that take one value. A client's repeated one reaches backends once, as the proxy read
 # it (the last): some servers refuse a request that repeats them.
 _SINGLE_VALUED_REQUEST_HEADERS = frozenset(
@@ -78,6 +79,8 @@ _SINGLE_VALUED_REQUEST_HEADERS = frozenset(
         b"user-agent",
     }
 )
+# Anthropic's Messages endpoints: their prompt text is read from `system` and `messages`.
+_MESSAGES = frozenset({"messages", "messages/count_tokens"})
 # A request still running after this long starts watching for its client leaving.
 WATCH_AFTER_S = 0.05
 
@@ -310,6 +313,8 @@ class Forwarder:
             text, token_count = completion_prompt(parsed)
         elif endpoint == "chat/completions":
             text = chat_prompt(parsed)
+        elif endpoint in _MESSAGES:
+            text = messages_prompt(parsed)
         else:
             text = ""
         stream = is_stream(parsed) if generates else False

@@ -6,6 +6,8 @@ Every path that `vllm serve` (0.32) answers is here, with how the proxy treats i
 - `pooling`: relayed whole to a backend serving the request's model (embeddings, scoring,
   reranking, classification: vLLM registers them only on engines running a pooling model);
 - `tokenize`: relayed whole to a backend serving the request's model;
+- `messages`: Anthropic's Messages API, relayed to a backend serving the request's model
+  (streamed, retried before the first byte, not movable), errors in Anthropic's shape;
 - `fleet`: answered by the proxy itself, for the whole fleet (`/v1/models`, `/health`);
 - `refused`: never sent to a backend, answered with an OpenAI-shaped error naming why.
 
@@ -20,7 +22,7 @@ from typing import Literal
 
 from proxy.errors import error_body
 
-How = Literal["generation", "pooling", "tokenize", "fleet", "refused"]
+How = Literal["generation", "pooling", "tokenize", "messages", "fleet", "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +66,6 @@ NOT_YET_SERVED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("/v1/responses", ("POST",)),
     ("/v1/responses/{response_id}", ("GET",)),
     ("/v1/responses/{response_id}/cancel", ("POST",)),
-    ("/v1/messages", ("POST",)),
-    ("/v1/messages/count_tokens", ("POST",)),
     ("/v1/chat/completions/batch", ("POST",)),
     ("/v1/audio/transcriptions", ("POST",)),
     ("/v1/audio/translations", ("POST",)),
@@ -99,6 +99,8 @@ ROUTES: tuple[Route, ...] = (
     _relayed("/v2/rerank", "pooling", "rerank"),
     _relayed("/tokenize", "tokenize", "tokenize"),
     _relayed("/detokenize", "tokenize", "detokenize"),
+    _relayed("/v1/messages", "messages", "messages"),
+    _relayed("/v1/messages/count_tokens", "messages", "messages/count_tokens"),
     _fleet("/v1/models"),
     _fleet("/health"),
     _fleet("/metrics"),
@@ -140,13 +142,17 @@ ROUTES: tuple[Route, ...] = (
     *(Route(p, m, "refused", status=501, reason=_NOT_YET) for p, m in NOT_YET_SERVED),
 )
 
-_RELAYED: frozenset[How] = frozenset({"generation", "pooling", "tokenize"})
+_RELAYED: frozenset[How] = frozenset({"generation", "pooling", "tokenize", "messages"})
+# Endpoints whose answer is generated tokens, streamed when the client asks.
+_GENERATES = frozenset({"completions", "chat/completions", "messages"})
 
 # The paths the raw ASGI handler serves: (endpoint name, generates tokens). One dict lookup
 # per request decides it.
 HOT_ROUTES: dict[str, tuple[str, bool]] = {
-    r.path: (r.endpoint, r.how == "generation") for r in ROUTES if r.how in _RELAYED
+    r.path: (r.endpoint, r.endpoint in _GENERATES) for r in ROUTES if r.how in _RELAYED
 }
+# The paths that speak Anthropic's API: their errors are put in its shape.
+ANTHROPIC_PATHS = frozenset(r.path for r in ROUTES if r.how == "messages")
 # Endpoint names of the pooling routes (vLLM serves them only for pooling models).
 POOLING_ENDPOINTS = frozenset(r.endpoint for r in ROUTES if r.how == "pooling")
 REFUSED: tuple[Route, ...] = tuple(r for r in ROUTES if r.how == "refused")

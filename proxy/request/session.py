@@ -43,6 +43,7 @@ from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kin
 from proxy.errors import FailureKind, ProxyError, openai_shaped, sse_error_event, wraps_status
 from proxy.ports import FinishedRequest, RequestServices
 from proxy.request.answer_relay import content_length, relay_rest
+from proxy.request.anthropic_errors import stream_error_event
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
 from proxy.request.mover import Break, Mover, Splice
@@ -708,9 +709,12 @@ class RequestSession:
         """End a stream that cannot go on with an error event; an answer being assembled
         fails instead (its caller answers with an error)."""
         if self._assembler is None:
-            await self._send(
-                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
+            event = (
+                stream_error_event(message)
+                if self.ctx.endpoint == "messages"
+                else sse_error_event(message)
             )
+            await self._send({"type": "http.response.body", "body": event, "more_body": True})
             await self._send({"type": "http.response.body", "body": b""})
 
     # --- bookkeeping

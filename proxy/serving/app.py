@@ -34,8 +34,15 @@ from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
+from proxy.request.anthropic_errors import AnthropicErrors
 from proxy.request.entry import Forwarder
-from proxy.request.routes import HOT_ROUTES, REFUSED, Route, refusal_message
+from proxy.request.routes import (
+    ANTHROPIC_PATHS,
+    HOT_ROUTES,
+    REFUSED,
+    Route,
+    refusal_message,
+)
 from proxy.serving.access import (
     ControlPlaneKeys,
     KeyCheck,
@@ -79,6 +86,13 @@ class FleetProxyApp:
                 core.prom,
             )
             self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
+        # Each relayed path's handlers (a POST, another method); the Anthropic paths' errors
+        # in Anthropic's shape. One dict lookup per request, as before.
+        anthropic = (AnthropicErrors(self.forwarder), AnthropicErrors(self._wrong_method))
+        self._hot: dict[str, tuple[AsgiApp, AsgiApp]] = {
+            path: anthropic if path in ANTHROPIC_PATHS else (self.forwarder, self._wrong_method)
+            for path in HOT_ROUTES
+        }
         self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
@@ -95,12 +109,11 @@ class FleetProxyApp:
         return self.core.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in HOT_ROUTES:
-            if scope["method"] == "POST":
-                await self.forwarder(scope, receive, send)
-            else:
-                await self._wrong_method(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            hot = self._hot.get(scope["path"])
+            if hot is not None:
+                await (hot[0] if scope["method"] == "POST" else hot[1])(scope, receive, send)
+                return
         await self._control(scope, receive, send)
 
 

@@ -139,7 +139,7 @@ async def test_a_pooling_request_survives_a_dead_engine() -> None:
     [
         ("POST", "/v1/responses", 501, "not_implemented_error", "does not serve it yet"),
         ("GET", "/v1/responses/resp_1", 501, "not_implemented_error", "does not serve it yet"),
-        ("POST", "/v1/messages", 501, "not_implemented_error", "does not serve it yet"),
+        ("POST", "/v1/messages/render", 501, "not_implemented_error", "does not serve it yet"),
         ("POST", "/sleep", 403, "permission_error", "it controls one engine"),
         ("POST", "/v1/load_lora_adapter", 403, "permission_error", "it controls one engine"),
         ("POST", "/scale_elastic_ep", 403, "permission_error", "it controls one engine"),

@@ -1,0 +1,180 @@
+"""Anthropic's Messages API through the proxy to simulated vLLM engines, spoken by the official
+`anthropic` SDK: whole and streamed answers, count_tokens, x-api-key, the Anthropic error
+shape, retries before the first byte, a cut stream's error event, and prefix-aware routing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+
+from simulator.fleet import SimFleet, start_fleet
+from tests.support.polling import eventually
+from tests.support.servers import fast_settings, running_proxy
+
+MODEL = "sim-llama-8b"
+HI = [{"role": "user", "content": "Say hello to the fleet"}]
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    async with await start_fleet(2, speed=10.0) as f:
+        yield f
+
+
+def client(url: str, key: str = "x") -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0, timeout=30)
+
+
+def events(body: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """An Anthropic stream's events: (event name, data), in order."""
+    out = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], orjson.loads(lines["data"])))
+    return out
+
+
+async def test_the_sdk_gets_whole_and_streamed_messages_and_counts_tokens(
+    fleet: SimFleet,
+) -> None:
+    async with running_proxy(fast_settings(fleet.urls)) as (url, _):
+        c = client(url)
+        whole = await c.messages.create(
+            model=MODEL, max_tokens=8, system="You are terse.", messages=HI
+        )
+        assert whole.type == "message" and whole.role == "assistant"
+        assert whole.stop_reason == "max_tokens"
+        assert whole.usage.output_tokens == 8 and whole.usage.input_tokens > 0
+        text = whole.content[0].text  # type: ignore[union-attr]
+        assert text
+        async with c.messages.stream(
+            model=MODEL, max_tokens=8, system="You are terse.", messages=HI
+        ) as stream:
+            streamed = "".join([t async for t in stream.text_stream])
+            final = await stream.get_final_message()
+        # Deterministic engines: the same request gives the same text on either backend.
+        assert streamed == text
+        assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 8
+        counted = await c.messages.count_tokens(model=MODEL, system="You are terse.", messages=HI)  # type: ignore[arg-type]
+        assert counted.input_tokens == whole.usage.input_tokens
+        await c.close()
+
+
+async def test_a_stream_is_relayed_event_by_event_in_vllms_order(fleet: SimFleet) -> None:
+    body = {"model": MODEL, "max_tokens": 4, "messages": HI, "stream": True}
+    async with running_proxy(fast_settings(fleet.urls)) as (url, _), httpx.AsyncClient() as h:
+        r = await h.post(url + "/v1/messages", json=body)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        names = [name for name, _ in events(r.content)]
+        assert names[:3] == ["message_start", "content_block_start", "content_block_delta"]
+        assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+        for name, data in events(r.content):
+            assert data["type"] == name
+
+
+async def test_x_api_key_is_accepted_as_a_bearer_key_is_and_a_wrong_one_refused(
+    fleet: SimFleet,
+) -> None:
+    settings = fast_settings(fleet.urls, api_keys=["k-good"])
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient() as h:
+        good = client(url, "k-good")
+        answer = await good.messages.create(model=MODEL, max_tokens=2, messages=HI)
+        assert answer.usage.output_tokens == 2
+        await good.close()
+        bad = client(url, "k-bad")
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            await bad.messages.create(model=MODEL, max_tokens=2, messages=HI)
+        assert refused.value.status_code == 401
+        assert refused.value.body == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "incorrect API key provided"},
+        }
+        await bad.close()
+        # Every route reads x-api-key: the OpenAI ones and the control plane's /v1/models.
+        models = await h.get(url + "/v1/models", headers={"x-api-key": "k-good"})
+        assert models.status_code == 200
+        chat = await h.post(
+            url + "/v1/chat/completions",
+            headers={"x-api-key": "k-good"},
+            json={"model": MODEL, "messages": HI, "max_tokens": 2},
+        )
+        assert chat.status_code == 200
+        assert (await h.get(url + "/v1/models", headers={"x-api-key": "k-bad"})).status_code == 401
+        # The Bearer key still works, on the Messages route too.
+        sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="k-good", max_retries=0)
+        assert (await sdk.models.list()).data
+        await sdk.close()
+        r = await h.post(
+            url + "/v1/messages/count_tokens",
+            headers={"authorization": "Bearer k-good"},
+            json={"model": MODEL, "messages": HI},
+        )
+        assert r.status_code == 200 and r.json()["input_tokens"] > 0
+        missing = await h.post(url + "/v1/messages", json={"model": MODEL})
+        assert missing.status_code == 401
+        assert missing.json()["error"]["type"] == "authentication_error"
+        assert "x-api-key" in missing.json()["error"]["message"]
+
+
+def anthropic_error(r: httpx.Response, status: int, kind: str) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind, body
+    assert set(body["error"]) == {"type", "message"}
+    message: str = body["error"]["message"]
+    return message
+
+
+async def test_errors_on_the_messages_routes_are_in_anthropics_shape(fleet: SimFleet) -> None:
+    async with running_proxy(fast_settings(fleet.urls)) as (url, _), httpx.AsyncClient() as h:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            r = await h.post(url + path, content=b"{not json")
+            assert "not valid JSON" in anthropic_error(r, 400, "invalid_request_error")
+            r = await h.post(url + path, json={"messages": HI, "max_tokens": 2})
+            assert "model" in anthropic_error(r, 400, "invalid_request_error")
+            r = await h.post(url + path, json={"model": MODEL, "max_tokens": 2})
+            assert "messages" in anthropic_error(r, 400, "invalid_request_error")
+            r = await h.post(url + path, json={"model": "no-such", "messages": HI, "max_tokens": 2})
+            assert "no-such" in anthropic_error(r, 404, "not_found_error")
+            r = await h.get(url + path)
+            anthropic_error(r, 405, "invalid_request_error")
+        # The engine's own refusal (vLLM's, its OpenAI error type in Anthropic's envelope)
+        # keeps its message and gets the Anthropic type of its status.
+        r = await h.post(url + "/v1/messages", json={"model": MODEL, "messages": HI})
+        assert "max_tokens" in anthropic_error(r, 400, "invalid_request_error")
+        # The SDK reads them as its own errors.
+        c = client(url)
+        with pytest.raises(anthropic.NotFoundError) as unknown:
+            await c.messages.create(model="no-such", max_tokens=2, messages=HI)
+        assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+        await c.close()
+        # The OpenAI routes keep the OpenAI shape.
+        r = await h.post(url + "/v1/chat/completions", json={"model": "no-such", "messages": HI})
+        assert r.status_code == 404 and "type" not in r.json() and r.json()["error"]["message"]
+
+
+async def test_no_backend_to_serve_is_an_overloaded_error() -> None:
+    body = {"model": MODEL, "messages": HI, "max_tokens": 2}
+    async with (
+        await start_fleet(1, speed=10.0) as fleet,
+        running_proxy(fast_settings(fleet.urls)) as (url, _),
+        httpx.AsyncClient() as h,
+    ):
+        await fleet.engines[0].crash()
+
+        async def refused() -> bool:
+            return (await h.post(url + "/v1/messages", json=body)).status_code == 503
+
+        await eventually(refused, what="the crashed engine found down")
+        r = await h.post(url + "/v1/messages", json=body)
+        assert "no healthy backend" in anthropic_error(r, 503, "overloaded_error")
+        assert r.headers["retry-after"] == "1"
