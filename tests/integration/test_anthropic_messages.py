@@ -178,3 +178,80 @@ async def test_no_backend_to_serve_is_an_overloaded_error() -> None:
         r = await h.post(url + "/v1/messages", json=body)
         assert "no healthy backend" in anthropic_error(r, 503, "overloaded_error")
         assert r.headers["retry-after"] == "1"
+
+
+async def test_a_dead_engine_before_the_first_byte_is_retried_on_another(
+    fleet: SimFleet,
+) -> None:
+    # Health checks too rare to notice the crash: the requests themselves find it.
+    settings = fast_settings(fleet.urls, policy="round_robin", health_interval=30.0)
+    async with running_proxy(settings) as (url, _):
+        dead, alive = fleet.engines
+        await dead.crash()
+        c = client(url)
+        for stream in (False, True, False, True):
+            raw = await c.messages.with_raw_response.create(
+                model=MODEL, max_tokens=4, messages=HI, stream=stream
+            )
+            assert raw.headers["x-fleet-backend"] == alive.url.removeprefix("http://")
+            if stream:
+                names = [e.type async for e in await raw.parse()]  # type: ignore[union-attr]
+                assert names[-1] == "message_stop"
+            else:
+                assert (await raw.parse()).usage.output_tokens == 4  # type: ignore[union-attr]
+        await c.close()
+        async with httpx.AsyncClient() as h:
+            metrics = (await h.get(url + "/metrics")).text
+        dead_id = dead.url.removeprefix("http://")
+        assert f'fleet_proxy_upstream_errors_total{{backend="{dead_id}",kind="connect"}}' in metrics
+
+
+async def test_a_stream_cut_mid_way_ends_with_an_anthropic_error_event(fleet: SimFleet) -> None:
+    for engine in fleet.engines:
+        engine.faults.apply({"cut_stream_after_tokens": 3})
+    body = {"model": MODEL, "max_tokens": 20, "messages": HI, "stream": True}
+    async with running_proxy(fast_settings(fleet.urls)) as (url, _), httpx.AsyncClient() as h:
+        r = await h.post(url + "/v1/messages", json=body)
+        assert r.status_code == 200
+        got = events(r.content)
+        assert got[0][0] == "message_start"
+        assert "content_block_delta" in [name for name, _ in got]
+        name, data = got[-1]
+        assert name == "error"
+        assert data["type"] == "error" and data["error"]["type"] == "api_error"
+        assert "incomplete" in data["error"]["message"]
+        # The SDK raises it as an error, after the text that came.
+        c = client(url)
+        texts: list[str] = []
+        with pytest.raises(anthropic.APIStatusError) as cut:
+            async with c.messages.stream(model=MODEL, max_tokens=20, messages=HI) as stream:
+                async for text in stream.text_stream:
+                    texts.append(text)
+        assert texts and "incomplete" in str(cut.value)
+        await c.close()
+
+
+async def test_prefix_aware_routing_keeps_a_conversation_on_its_engine() -> None:
+    async with (
+        await start_fleet(4, speed=20.0) as fleet,
+        running_proxy(fast_settings(fleet.urls, policy="prefix_aware")) as (url, _),
+    ):
+        c = client(url)
+        homes: dict[int, set[str]] = {}
+        for turn in range(4):
+            for conversation in range(3):
+                # The conversations differ in their system prompt only: it is routing text too.
+                system = f"Conversation {conversation}: you route requests. " * 40
+                messages: list[dict[str, Any]] = []
+                for t in range(turn + 1):
+                    messages.append({"role": "user", "content": f"Turn {t}: " + "detail " * 40})
+                    messages.append({"role": "assistant", "content": f"Answer {t}."})
+                raw = await c.messages.with_raw_response.create(
+                    model=MODEL,
+                    max_tokens=2,
+                    system=[{"type": "text", "text": system}],
+                    messages=messages[:-1],  # type: ignore[arg-type]
+                )
+                homes.setdefault(conversation, set()).add(raw.headers["x-fleet-backend"])
+        await c.close()
+        assert all(len(h) == 1 for h in homes.values()), homes
