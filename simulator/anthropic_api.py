@@ -21,6 +21,33 @@ MESSAGES = "messages"  # the answer's shape, beside openai_api's COMPLETIONS and
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
+class MissingField(ApiError):
+    """A required field is missing: vLLM's request validation answers before its Messages
+    handler, in OpenAI's shape (not Anthropic's), with its own wording."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"1 validation error:\n  {{'type': 'missing', 'loc': 'body.{name}', "
+            "'msg': 'Field required', 'input': '<dict>'}",
+            param=f"body.{name}",
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": "Bad Request",
+                "param": self.param,
+                "code": 400,
+            }
+        }
+
+
+def error_answer(error: ApiError) -> dict[str, Any]:
+    """What vLLM answers a Messages request that fails with `error`."""
+    return error.body() if isinstance(error, MissingField) else anthropic_error_body(error)
+
+
 def anthropic_error_body(error: ApiError) -> dict[str, Any]:
     """vLLM's Messages error: its OpenAI error's type and message in Anthropic's envelope."""
     inner = error_body(error.message, error.status, error.param)["error"]
@@ -46,11 +73,15 @@ def chat_body(body: Any, *, counting: bool = False) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     messages = body.get("messages")
+    if messages is None:
+        raise MissingField("messages")
     if not isinstance(messages, list):
-        raise ApiError("Field required: messages", param="messages")
+        raise ApiError("messages must be a list", param="messages")
     max_tokens = body.get("max_tokens")
+    if not counting and max_tokens is None:
+        raise MissingField("max_tokens")
     if not counting and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
-        raise ApiError("Field required: max_tokens (an integer)", param="max_tokens")
+        raise ApiError("max_tokens must be an integer", param="max_tokens")
     system: list[str] = []
     if body.get("system"):
         system.append(_text(body["system"], "system"))
@@ -143,16 +174,13 @@ class MessageEvents:
         out = b""
         if not self._block_open:
             self._block_open = True
-            block = {"type": "content_block_start", "index": 0}
-            out = _event(
-                "content_block_start", {**block, "content_block": {"type": "text", "text": ""}}
-            )
-        delta = {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "text_delta", "text": text},
-        }
-        return out + _event("content_block_delta", delta)
+            block = {"type": "text", "text": ""}
+            start = {"type": "content_block_start", "content_block": block, "index": 0}
+            out = _event("content_block_start", start)
+        delta = {"type": "text_delta", "text": text}
+        return out + _event(
+            "content_block_delta", {"type": "content_block_delta", "delta": delta, "index": 0}
+        )
 
     def tail(self) -> bytes:
         out = b""
@@ -160,7 +188,10 @@ class MessageEvents:
             out = _event("content_block_stop", {"type": "content_block_stop", "index": 0})
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": STOP_REASONS.get(self._finish or "stop")},
+            "delta": {
+                "stop_reason": STOP_REASONS.get(self._finish or "stop"),
+                "stop_sequence": None,
+            },
             "usage": _usage(self.input_tokens, self.completion_tokens),
         }
         return (

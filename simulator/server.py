@@ -24,6 +24,7 @@ from simulator.anthropic_api import (
     MessageEvents,
     anthropic_error_body,
     chat_body,
+    error_answer,
     message,
 )
 from simulator.engine import Engine
@@ -467,7 +468,7 @@ class EngineServer:
         try:
             p = self._parse(CHAT, chat_body(await self._read_json(request)))
         except ApiError as e:
-            return _json(anthropic_error_body(e), e.status)
+            return _json(error_answer(e), e.status)
         if self.engine.faults.should_error():
             return _json(anthropic_error_body(ApiError("simulated engine error", 500)), 500)
         return await self._run(request, p, MESSAGES)
@@ -476,8 +477,9 @@ class EngineServer:
         try:
             p = self._parse(CHAT, chat_body(await self._read_json(request), counting=True))
         except ApiError as e:
-            return _json(anthropic_error_body(e), e.status)
-        return _json({"input_tokens": len(p.prompt_ids)})
+            return _json(error_answer(e), e.status)
+        n = len(p.prompt_ids)
+        return _json({"input_tokens": n, "context_management": {"original_input_tokens": n}})
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         await self._generation_admitted()

@@ -42,7 +42,9 @@ async def test_a_message_is_the_chat_answer_in_anthropics_shape(
         url + "/v1/messages/count_tokens",
         {"model": MODEL, "system": "Be terse.", "messages": HI},
     )
-    assert status == 200 and counted == {"input_tokens": answer["usage"]["prompt_tokens"]}
+    n = answer["usage"]["prompt_tokens"]
+    assert status == 200
+    assert counted == {"input_tokens": n, "context_management": {"original_input_tokens": n}}
 
 
 async def test_a_streamed_message_has_vllms_events(
@@ -73,18 +75,18 @@ async def test_a_streamed_message_has_vllms_events(
     deltas = [d["delta"] for n, d in events if n == "content_block_delta"]
     assert all(d["type"] == "text_delta" and d["text"] for d in deltas)
     end = events[-2][1]
-    assert end["delta"] == {"stop_reason": "max_tokens"}
+    assert end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert end["usage"] == {"input_tokens": start["usage"]["input_tokens"], "output_tokens": 5}
 
 
-async def test_errors_are_vllms_in_anthropics_envelope(
-    fleet: SimFleet, http: aiohttp.ClientSession
-) -> None:
+async def test_errors_are_vllms(fleet: SimFleet, http: aiohttp.ClientSession) -> None:
     url = fleet.urls[0] + "/v1/messages"
     status, body = await post_json(http, url, {"model": "nope", "max_tokens": 2, "messages": HI})
     assert status == 404
     assert body["type"] == "error" and body["error"]["type"] == "NotFoundError"
     assert "nope" in body["error"]["message"]
+    # A missing field fails vLLM's validation, which answers in OpenAI's shape.
     status, body = await post_json(http, url, {"model": MODEL, "messages": HI})
-    assert status == 400 and body["error"]["type"] == "BadRequestError"
-    assert "max_tokens" in body["error"]["message"]
+    assert status == 400 and "type" not in body
+    assert body["error"]["type"] == "Bad Request" and body["error"]["param"] == "body.max_tokens"
+    assert "'msg': 'Field required'" in body["error"]["message"]
