@@ -5,6 +5,7 @@ shape, retries before the first byte, a cut stream's error event, and prefix-awa
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -12,8 +13,10 @@ import httpx
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
 from simulator.fleet import SimFleet, start_fleet
+from tests.support.fake_backend import FakeBackend
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
@@ -255,3 +258,59 @@ async def test_prefix_aware_routing_keeps_a_conversation_on_its_engine() -> None
                 homes.setdefault(conversation, set()).add(raw.headers["x-fleet-backend"])
         await c.close()
         assert all(len(h) == 1 for h in homes.values()), homes
+
+
+@dataclass
+class MessagesEngine(FakeBackend):
+    """An engine whose Messages streams end cleanly (the response complete) after `ending`:
+    "stop", message_stop as vLLM ends them; "error", its own error event (vLLM's when it
+    fails mid-stream); "nothing", no last event at all."""
+
+    ending: str = "stop"
+
+    def _routes(self, app: web.Application) -> None:
+        super()._routes(app)
+        app.router.add_post("/v1/messages", self._messages)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        start = {"type": "message_start", "message": {"id": "m", "content": [], "model": "x"}}
+        delta = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}}
+        await resp.write(sse_event("message_start", start))
+        await resp.write(sse_event("content_block_delta", {**delta, "index": 0}))
+        if self.ending == "stop":
+            await resp.write(sse_event("message_stop", {"type": "message_stop"}))
+        elif self.ending == "error":
+            error = {"type": "error", "error": {"type": "internal_error", "message": "boom"}}
+            await resp.write(sse_event("error", error))
+        await resp.write_eof()
+        return resp
+
+
+def sse_event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {orjson.dumps(data).decode()}\n\n".encode()
+
+
+@pytest.mark.parametrize(
+    ("ending", "last"),
+    [("stop", "message_stop"), ("error", "error"), ("nothing", "error")],
+)
+async def test_a_stream_that_ends_before_its_last_event_gets_an_error_event(
+    ending: str, last: str
+) -> None:
+    engine = MessagesEngine(ending=ending)
+    await engine.start()
+    try:
+        body = {"model": engine.model, "max_tokens": 4, "messages": HI, "stream": True}
+        async with (
+            running_proxy(fast_settings([engine.url])) as (url, _),
+            httpx.AsyncClient() as h,
+        ):
+            r = await h.post(url + "/v1/messages", json=body)
+        got = events(r.content)
+        assert [name for name, _ in got] == ["message_start", "content_block_delta", last]
+        if ending == "nothing":  # the proxy's own: the engine's is relayed as it is
+            assert got[-1][1]["error"]["type"] == "api_error"
+    finally:
+        await engine.stop()

@@ -15,6 +15,7 @@ from proxy.request.anthropic_errors import (
 )
 from proxy.request.body import chat_prompt, messages_prompt
 from proxy.serving.access import presented_credential
+from proxy.stream.messages_stream import MessagesAligner, last_event_name
 
 
 @pytest.mark.parametrize(
@@ -137,3 +138,22 @@ def test_the_key_is_read_from_authorization_else_from_x_api_key() -> None:
     # Authorization wins: a client sending both meant it.
     assert presented_credential({"authorization": "Bearer a", "x-api-key": "b"}) == "Bearer a"
     assert presented_credential({}) is None
+
+
+def test_the_last_events_name_is_read_from_its_event_line() -> None:
+    stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    delta = b'event: content_block_delta\ndata: {"text":"event: message_stop\\n"}\n\n'
+    assert last_event_name(stop) == b"message_stop"
+    assert last_event_name(stop + delta) == b"content_block_delta"  # data is never a field
+    assert last_event_name(b"data: [DONE]\n\n") == b""
+
+
+def test_the_aligner_knows_whether_the_stream_reached_its_end() -> None:
+    aligner = MessagesAligner(1 << 20)
+    assert aligner.feed(b"event: message_start\ndata: {}\n\nevent: message_st") != b""
+    assert not aligner.complete
+    assert aligner.feed(b'op\ndata: {"type":"message_stop"}\n\n').startswith(b"event: message_stop")
+    assert aligner.complete
+    aligner = MessagesAligner(1 << 20)
+    aligner.feed(b'event: error\ndata: {"type":"error"}\n\n')
+    assert aligner.complete  # the engine's own error ends it too
