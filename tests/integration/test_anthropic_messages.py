@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from simulator.fleet import SimFleet, start_fleet
-from tests.support.fake_backend import FakeBackend
+from tests.support.fake_backend import FakeBackend, Seen
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
@@ -273,6 +273,8 @@ class MessagesEngine(FakeBackend):
         app.router.add_post("/v1/messages", self._messages)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.seen.append(Seen(request.path, headers, await request.json()))
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         start = {"type": "message_start", "message": {"id": "m", "content": [], "model": "x"}}
@@ -312,5 +314,22 @@ async def test_a_stream_that_ends_before_its_last_event_gets_an_error_event(
         assert [name for name, _ in got] == ["message_start", "content_block_delta", last]
         if ending == "nothing":  # the proxy's own: the engine's is relayed as it is
             assert got[-1][1]["error"]["type"] == "api_error"
+    finally:
+        await engine.stop()
+
+
+async def test_the_clients_key_stays_on_its_hop() -> None:
+    engine = MessagesEngine()
+    await engine.start()
+    try:
+        body = {"model": engine.model, "max_tokens": 4, "messages": HI, "stream": True}
+        settings = fast_settings([engine.url], api_keys=["k-good"])
+        async with running_proxy(settings) as (url, _), httpx.AsyncClient() as h:
+            headers = {"x-api-key": "k-good", "anthropic-version": "2023-06-01"}
+            r = await h.post(url + "/v1/messages", json=body, headers=headers)
+        assert r.status_code == 200
+        [seen] = engine.seen
+        assert "x-api-key" not in seen.headers and "authorization" not in seen.headers
+        assert seen.headers["anthropic-version"] == "2023-06-01"  # the rest goes on
     finally:
         await engine.stop()
