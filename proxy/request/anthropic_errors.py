@@ -81,9 +81,14 @@ def anthropic_shaped(status: int, body: bytes) -> bytes | None:
     return anthropic_error(status, message)
 
 
+# An error answer longer than this is not one to rewrite: it goes on as it came.
+MAX_ERROR_BYTES = 1 << 20
+
+
 class AnthropicErrors:
     """An ASGI app behind which every error answer (status 400 and up) is in Anthropic's
-    shape: such an answer's head is held until its body is read, rewritten and sent with it."""
+    shape: such an answer's head is held until its body is read, rewritten and sent with it
+    (up to `MAX_ERROR_BYTES` held)."""
 
     __slots__ = ("_app",)
 
@@ -93,14 +98,23 @@ class AnthropicErrors:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         held: Message | None = None  # the head of an error answer
         chunks: list[bytes] = []
+        size = 0
 
         async def shaped(message: Message) -> None:
-            nonlocal held
+            nonlocal held, size
             if held is not None:
-                chunks.append(message.get("body", b""))
-                if message.get("more_body", False):
-                    return
-                await _send_shaped(send, held, b"".join(chunks))
+                chunk = message.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
+                if not message.get("more_body", False):
+                    head, held = held, None
+                    await _send_shaped(send, head, b"".join(chunks))
+                elif size > MAX_ERROR_BYTES:
+                    head, held = held, None
+                    await send(head)
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(chunks), "more_body": True}
+                    )
                 return
             if message["type"] == "http.response.start" and message["status"] >= 400:
                 held = message

@@ -113,6 +113,9 @@ def _content_text(content: Any, parts: list[str]) -> None:
                 parts.append(piece["text"])
 
 
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
 def messages_prompt(body: dict[str, Any]) -> str:
     """An Anthropic Messages request's prompt text for prefix hashing: its `system` as a
     first message, then its messages as chat's are, so one conversation hashes the same
@@ -121,7 +124,15 @@ def messages_prompt(body: dict[str, Any]) -> str:
     system = body.get("system")
     if system is None:
         return text
-    if not isinstance(system, str | list):
+    if isinstance(system, list):
+        # Claude Code's attribution block differs on every request: as vLLM drops it from the
+        # prompt, routing leaves it out, or no two requests would share a prefix.
+        system = [
+            b
+            for b in system
+            if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING_HEADER))
+        ]
+    elif not isinstance(system, str):
         raise ProxyError(400, "'system' must be a string or a list of text blocks", param="system")
     parts = ["system:"]
     _content_text(system, parts)

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.request.anthropic_errors import MAX_ERROR_BYTES
 from simulator.fleet import SimFleet, start_fleet
 from tests.support.fake_backend import FakeBackend, Seen
 from tests.support.polling import eventually
@@ -267,6 +268,7 @@ class MessagesEngine(FakeBackend):
     fails mid-stream); "nothing", no last event at all."""
 
     ending: str = "stop"
+    refusal: bytes = b""  # when set, every request is answered 422 with this plain text
 
     def _routes(self, app: web.Application) -> None:
         super()._routes(app)
@@ -275,6 +277,8 @@ class MessagesEngine(FakeBackend):
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.seen.append(Seen(request.path, headers, await request.json()))
+        if self.refusal:
+            return web.Response(status=422, body=self.refusal, content_type="text/plain")
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         start = {"type": "message_start", "message": {"id": "m", "content": [], "model": "x"}}
@@ -331,5 +335,22 @@ async def test_the_clients_key_stays_on_its_hop() -> None:
         [seen] = engine.seen
         assert "x-api-key" not in seen.headers and "authorization" not in seen.headers
         assert seen.headers["anthropic-version"] == "2023-06-01"  # the rest goes on
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("size", [100, 3 << 20])
+async def test_an_engines_error_answer_is_reshaped_unless_too_long_to_hold(size: int) -> None:
+    refusal = b"x" * size
+    engine = MessagesEngine(refusal=refusal)
+    await engine.start()
+    try:
+        body = {"model": engine.model, "max_tokens": 4, "messages": HI}
+        async with running_proxy(fast_settings([engine.url])) as (url, _), httpx.AsyncClient() as h:
+            r = await h.post(url + "/v1/messages", json=body)
+        if size <= MAX_ERROR_BYTES:
+            assert anthropic_error(r, 422, "invalid_request_error") == refusal.decode()
+        else:  # relayed as it came, not held whole
+            assert r.status_code == 422 and r.content == refusal
     finally:
         await engine.stop()

@@ -108,6 +108,18 @@ def test_the_prompt_text_is_the_system_text_then_the_messages_as_chats() -> None
     )
 
 
+def test_claude_codes_attribution_block_is_not_routing_text() -> None:
+    # It changes on every request; vLLM leaves it out of the prompt too.
+    blocks = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=8f3e;"},
+        {"type": "text", "text": "You are Claude Code."},
+    ]
+    messages = [{"role": "user", "content": "hi"}]
+    assert messages_prompt({"system": blocks, "messages": messages}) == messages_prompt(
+        {"system": "You are Claude Code.", "messages": messages}
+    )
+
+
 def test_a_conversation_s_next_turn_extends_its_prompt_text() -> None:
     first = {"system": "S", "messages": [{"role": "user", "content": "a"}]}
     second = {
