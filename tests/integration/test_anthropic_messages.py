@@ -70,6 +70,10 @@ async def test_the_sdk_gets_whole_and_streamed_messages_and_counts_tokens(
         counted = await c.messages.count_tokens(model=MODEL, system="You are terse.", messages=HI)  # type: ignore[arg-type]
         assert counted.input_tokens == whole.usage.input_tokens
         await c.close()
+        async with httpx.AsyncClient() as h:
+            metrics = (await h.get(url + "/metrics")).text
+        for endpoint in ("messages", "messages/count_tokens"):
+            assert f'endpoint="{endpoint}"' in metrics, endpoint
 
 
 async def test_a_stream_is_relayed_event_by_event_in_vllms_order(fleet: SimFleet) -> None:
