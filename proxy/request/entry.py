@@ -79,8 +79,6 @@ _SINGLE_VALUED_REQUEST_HEADERS = frozenset(
         b"user-agent",
     }
 )
-# Anthropic's Messages endpoints: their prompt text is read from `system` and `messages`.
-_MESSAGES = frozenset({"messages", "messages/count_tokens"})
 # A request still running after this long starts watching for its client leaving.
 WATCH_AFTER_S = 0.05
 
@@ -313,8 +311,13 @@ class Forwarder:
             text, token_count = completion_prompt(parsed)
         elif endpoint == "chat/completions":
             text = chat_prompt(parsed)
-        elif endpoint in _MESSAGES:
+        elif endpoint == "messages":
             text = messages_prompt(parsed)
+        elif endpoint == "messages/count_tokens":
+            # Checked as a Messages request is, but no routing text: counting computes no
+            # KV, so a prefix index must not learn that its engine holds the prompt.
+            messages_prompt(parsed)
+            text = ""
         else:
             text = ""
         stream = is_stream(parsed) if generates else False

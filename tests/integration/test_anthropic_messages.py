@@ -358,3 +358,20 @@ async def test_an_engines_error_answer_is_reshaped_unless_too_long_to_hold(size:
             assert r.status_code == 422 and r.content == refusal
     finally:
         await engine.stop()
+
+
+async def test_counting_tokens_teaches_the_prefix_index_nothing() -> None:
+    system = "A long shared system prompt for routing. " * 40
+    async with (
+        await start_fleet(2, speed=20.0) as fleet,
+        running_proxy(fast_settings(fleet.urls, policy="prefix_aware")) as (url, app),
+    ):
+        c = client(url)
+        for _ in range(3):
+            await c.messages.count_tokens(model=MODEL, system=system, messages=HI)
+        index = app.core.policy.services.prefix_index  # type: ignore[attr-defined]
+        assert index is None or index.size() == 0
+        await c.messages.create(model=MODEL, max_tokens=2, system=system, messages=HI)
+        index = app.core.policy.services.prefix_index  # type: ignore[attr-defined]
+        assert index is not None and index.size() > 0  # a generation request is remembered
+        await c.close()
