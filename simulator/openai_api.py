@@ -435,6 +435,16 @@ class ChunkWriter:
         ids = b',"token_ids":' + orjson.dumps(token_ids) if self.p.return_token_ids else b""
         return b"".join((self._mid[0], orjson.dumps(text), self._mid[1], ids, b"}]}\n\n"))
 
+    def head(self) -> bytes:
+        """What a stream opens with, before its first token."""
+        opening = self.opening()
+        return b"" if opening is None else sse(opening)
+
+    def tail(self) -> bytes:
+        """What a finished stream ends with: its usage when asked for, and [DONE]."""
+        final = self.final_usage()
+        return (b"" if final is None else sse(final)) + b"data: [DONE]\n\n"
+
     def final_usage(self) -> dict[str, Any] | None:
         if not self.p.include_usage:
             return None

@@ -13,12 +13,20 @@ import hmac
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import BodyPartReader, web
 
 from fleet.types import Role
+from simulator.anthropic_api import (
+    MESSAGES,
+    MessageEvents,
+    anthropic_error_body,
+    error_answer,
+    message,
+)
+from simulator.anthropic_api import chat_body as messages_chat_body
 from simulator.audio_api import AudioRequest, stream_events, whole_answer
 from simulator.engine import Engine
 from simulator.faults import FaultState, parse_fault_update
@@ -41,7 +49,8 @@ from simulator.openai_api import (
 )
 from simulator.pooling_api import ROUTES_BY_TASK
 from simulator.request import SimRequest
-from simulator.responses_api import EventWriter, ResponseShape, chat_body
+from simulator.responses_api import EventWriter, ResponseShape
+from simulator.responses_api import chat_body as responses_chat_body
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,6 +67,25 @@ async def _fastapi_not_found(request: web.Request, handler: _Handler) -> web.Str
         return await handler(request)
     except web.HTTPNotFound:
         return _json({"detail": "Not Found"}, 404)
+
+
+class StreamWriter(Protocol):
+    """The bytes of one streamed answer, in an API's shape (openai_api.ChunkWriter,
+    anthropic_api.MessageEvents)."""
+
+    completion_tokens: int
+
+    def head(self) -> bytes: ...
+
+    def token_bytes(
+        self,
+        token_ids: list[int],
+        text: str,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+    ) -> bytes: ...
+
+    def tail(self) -> bytes: ...
 
 
 class _StreamCut(Exception):
@@ -126,6 +154,8 @@ class EngineServer:
             r.add_post("/v1/responses", self._responses)
             r.add_post("/v1/audio/transcriptions", self._transcription)
             r.add_post("/v1/audio/translations", self._translation)
+            r.add_post("/v1/messages", self._messages)
+            r.add_post("/v1/messages/count_tokens", self._count_message_tokens)
         if self.engine.lora.runtime_updates:
             r.add_post("/v1/load_lora_adapter", self._load_lora)
             r.add_post("/v1/unload_lora_adapter", self._unload_lora)
@@ -493,9 +523,8 @@ class EngineServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, CHAT)
 
-    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
-        engine = self.engine
-        generating = engine.faults.generating
+    async def _generation_admitted(self) -> None:
+        generating = self.engine.faults.generating
         if not generating.is_set():
             # Accepted, then no answer at all (not even its head) until the stall ends; it
             # counts as in flight meanwhile, as on an engine whose core stopped stepping.
@@ -504,20 +533,52 @@ class EngineServer:
                 await generating.wait()
             finally:
                 self.in_flight -= 1
+
+    def _parse(self, kind: str, body: Any) -> ParsedRequest:
+        engine = self.engine
+        return parse_request(
+            kind,
+            body,
+            engine.tokenizer,
+            engine.model_name,
+            engine.profile.max_model_len,
+            engine.adapters.paths,
+        )
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API: served as the chat request it stands for (as vLLM)."""
+        await self._generation_admitted()
         try:
-            body = await self._read_json(request)
-            p = parse_request(
-                kind,
-                body,
-                engine.tokenizer,
-                engine.model_name,
-                engine.profile.max_model_len,
-                engine.adapters.paths,
-            )
+            p = self._parse(CHAT, messages_chat_body(await self._read_json(request)))
+        except ApiError as e:
+            return _json(error_answer(e), e.status)
+        if self.engine.faults.should_error():
+            return _json(anthropic_error_body(ApiError("simulated engine error", 500)), 500)
+        return await self._run(request, p, MESSAGES)
+
+    async def _count_message_tokens(self, request: web.Request) -> web.Response:
+        try:
+            p = self._parse(CHAT, messages_chat_body(await self._read_json(request), counting=True))
+        except ApiError as e:
+            return _json(error_answer(e), e.status)
+        n = len(p.prompt_ids)
+        return _json({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        await self._generation_admitted()
+        try:
+            p = self._parse(kind, await self._read_json(request))
         except ApiError as e:
             return _json(e.body(), e.status)
-        if engine.faults.should_error():
+        if self.engine.faults.should_error():
             return _json(error_body("simulated engine error", 500), 500)
+        return await self._run(request, p, kind)
+
+    async def _run(self, request: web.Request, p: ParsedRequest, api: str) -> web.StreamResponse:
+        """Serve a parsed generation request; `api`: the answer's shape (completions, chat,
+        or Anthropic's messages)."""
+        engine = self.engine
+        kind = p.kind
         base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         # aiohttp decodes header bytes as UTF-8 (surrogates for the rest); vLLM's server reads
         # them as latin-1, which any bytes are, so the id can go into JSON answers.
@@ -536,8 +597,15 @@ class EngineServer:
                 engine.submit_remote_prefill(req, kv)
             else:
                 engine.submit(req)
+            if api == MESSAGES:
+                if p.stream:
+                    return await self._stream(
+                        request, req, MessageEvents(rid, p.model, req.prompt_ids)
+                    )
+                await self._finished(req)
+                return _json(message(rid, p.model, req))
             if p.stream:
-                return await self._stream(request, p, rid, req)
+                return await self._stream(request, req, ChunkWriter(p, rid, req.prompt_ids))
             return await self._complete(p, rid, req)
         finally:
             self.in_flight -= 1
@@ -549,14 +617,7 @@ class EngineServer:
         engine = self.engine
         try:
             body = await self._read_json(request)
-            p = parse_request(
-                CHAT,
-                chat_body(body),
-                engine.tokenizer,
-                engine.model_name,
-                engine.profile.max_model_len,
-                engine.lora.adapters,
-            )
+            p = self._parse(CHAT, responses_chat_body(body))
         except ApiError as e:
             return _json(e.body(), e.status)
         if engine.faults.should_error():
@@ -601,6 +662,12 @@ class EngineServer:
                 engine.abort(req.request_id)
 
     async def _complete(self, p: ParsedRequest, rid: str, req: SimRequest) -> web.Response:
+        await self._finished(req)
+        kv_out = self._kv_out(req)
+        return _json(full_response(p, rid, int(time.time()), req, kv_out))
+
+    async def _finished(self, req: SimRequest) -> None:
+        """Wait for a request's last token (a `die_after_tokens` fault crashes first)."""
         limit = self.engine.faults.settings.die_after_tokens
         while True:
             ev = await req.stream.get()
@@ -609,8 +676,6 @@ class EngineServer:
                 await asyncio.sleep(3600)  # the crash cancels this handler
             if ev.finish_reason is not None:
                 break
-        kv_out = self._kv_out(req)
-        return _json(full_response(p, rid, int(time.time()), req, kv_out))
 
     def _kv_out(self, req: SimRequest) -> dict[str, Any] | None:
         """What vLLM 0.32's NixlConnector answers on a prefill engine (block ids are given per
@@ -635,14 +700,13 @@ class EngineServer:
         }
 
     async def _stream(
-        self, request: web.Request, p: ParsedRequest, rid: str, req: SimRequest
+        self, request: web.Request, req: SimRequest, writer: StreamWriter
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
-        writer = ChunkWriter(p, rid, req.prompt_ids)
-        opening = writer.opening()
-        if opening is not None:
-            await resp.write(sse(opening))
+        head = writer.head()
+        if head:
+            await resp.write(head)
         faults = self.engine.faults
         tok = self.engine.tokenizer
         try:
@@ -658,7 +722,9 @@ class EngineServer:
                     finish = stop_reason = None
                     cut = True
                 if ids or finish is not None:
-                    await resp.write(writer.token_bytes(ids, text, finish, stop_reason))
+                    out = writer.token_bytes(ids, text, finish, stop_reason)
+                    if out:  # an empty write would end a chunked answer
+                        await resp.write(out)
                 if cut:
                     raise _StreamCut
                 if ev.finish_reason is not None:
@@ -674,10 +740,7 @@ class EngineServer:
             if request.transport is not None:
                 request.transport.abort()
             return resp
-        final = writer.final_usage()
-        if final is not None:
-            await resp.write(sse(final))
-        await resp.write(b"data: [DONE]\n\n")
+        await resp.write(writer.tail())
         with contextlib.suppress(ConnectionResetError):
             await resp.write_eof()
         return resp

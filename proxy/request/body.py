@@ -98,14 +98,46 @@ def chat_prompt(body: dict[str, Any]) -> str:
             )
         parts.append(role)
         parts.append(":")
-        content = m.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            for piece in content:
-                if isinstance(piece, dict) and isinstance(piece.get("text"), str):
-                    parts.append(piece["text"])
+        _content_text(m.get("content"), parts)
         parts.append("\n")
+    return "".join(parts)
+
+
+def _content_text(content: Any, parts: list[str]) -> None:
+    """A message's text, a string or its text parts (the others carry no prompt text)."""
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for piece in content:
+            if isinstance(piece, dict) and isinstance(piece.get("text"), str):
+                parts.append(piece["text"])
+
+
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def messages_prompt(body: dict[str, Any]) -> str:
+    """An Anthropic Messages request's prompt text for prefix hashing: its `system` as a
+    first message, then its messages as chat's are, so one conversation hashes the same
+    blocks turn after turn."""
+    text = chat_prompt(body)
+    system = body.get("system")
+    if system is None:
+        return text
+    if isinstance(system, list):
+        # Claude Code's attribution block differs on every request: as vLLM drops it from the
+        # prompt, routing leaves it out, or no two requests would share a prefix.
+        system = [
+            b
+            for b in system
+            if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING_HEADER))
+        ]
+    elif not isinstance(system, str):
+        raise ProxyError(400, "'system' must be a string or a list of text blocks", param="system")
+    parts = ["system:"]
+    _content_text(system, parts)
+    parts.append("\n")
+    parts.append(text)
     return "".join(parts)
 
 

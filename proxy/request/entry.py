@@ -27,6 +27,7 @@ from proxy.request.body import (
     chat_prompt,
     completion_prompt,
     is_stream,
+    messages_prompt,
     parse_object,
     require_model,
 )
@@ -64,7 +65,7 @@ _DROP_REQUEST_HEADERS = frozenset(
 )
 # The client's credentials for this proxy: kept off the backends unless
 # forward_client_authorization says otherwise (a backend_api_key is sent in their place).
-_CLIENT_CREDENTIALS = frozenset({b"authorization"})
+_CLIENT_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 # Fields that take one value. A client's repeated one reaches backends once, as the proxy read
 # it (the last): some servers refuse a request that repeats them.
 _SINGLE_VALUED_REQUEST_HEADERS = frozenset(
@@ -303,6 +304,13 @@ class Forwarder:
             text, token_count = completion_prompt(parsed)
         elif endpoint == "chat/completions":
             text = chat_prompt(parsed)
+        elif endpoint == "messages":
+            text = messages_prompt(parsed)
+        elif endpoint == "messages/count_tokens":
+            # Checked as a Messages request is, but no routing text: counting computes no
+            # KV, so a prefix index must not learn that its engine holds the prompt.
+            messages_prompt(parsed)
+            text = ""
         else:
             text = ""
         stream = is_stream(parsed) if generates else False

@@ -8,6 +8,8 @@ Every path that `vllm serve` (0.32) answers is here, with how the proxy treats i
 - `tokenize`: relayed whole to a backend serving the request's model;
 - `audio`: a multipart upload streamed through to a backend serving its form's `model`, the
   answer relayed as it comes (proxy/request/audio.py);
+- `messages`: Anthropic's Messages API, relayed to a backend serving the request's model
+  (streamed, retried before the first byte, not movable), errors in Anthropic's shape;
 - `responses`: the Responses API, served by the proxy with its own store of responses, each
   new response generated on a backend (proxy/request/responses/);
 - `fleet`: answered by the proxy itself, for the whole fleet (`/v1/models`, `/health`, and
@@ -25,7 +27,9 @@ from typing import Literal
 
 from proxy.errors import error_body
 
-How = Literal["generation", "pooling", "tokenize", "audio", "fleet", "responses", "refused"]
+How = Literal[
+    "generation", "pooling", "tokenize", "audio", "messages", "fleet", "responses", "refused"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +70,6 @@ def _engine_view(path: str, *methods: str) -> Route:
 
 # Routes fleet-proxy does not relay yet. The one place later work replaces, route by route.
 NOT_YET_SERVED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("/v1/messages", ("POST",)),
-    ("/v1/messages/count_tokens", ("POST",)),
     ("/v1/chat/completions/batch", ("POST",)),
     ("/generative_scoring", ("POST",)),
     ("/v1/systemone", ("POST",)),
@@ -101,6 +103,8 @@ ROUTES: tuple[Route, ...] = (
     _relayed("/detokenize", "tokenize", "detokenize"),
     _relayed("/v1/audio/transcriptions", "audio", "audio/transcriptions"),
     _relayed("/v1/audio/translations", "audio", "audio/translations"),
+    _relayed("/v1/messages", "messages", "messages"),
+    _relayed("/v1/messages/count_tokens", "messages", "messages/count_tokens"),
     _fleet("/v1/models"),
     _fleet("/health"),
     _fleet("/metrics"),
@@ -145,15 +149,19 @@ ROUTES: tuple[Route, ...] = (
     *(Route(p, m, "refused", status=501, reason=_NOT_YET) for p, m in NOT_YET_SERVED),
 )
 
-_RELAYED: frozenset[How] = frozenset({"generation", "pooling", "tokenize"})
+_RELAYED: frozenset[How] = frozenset({"generation", "pooling", "tokenize", "messages"})
+# Endpoints whose answer is generated tokens, streamed when the client asks.
+_GENERATES = frozenset({"completions", "chat/completions", "messages"})
 
 # The paths the raw ASGI handler serves: (endpoint name, generates tokens). One dict lookup
 # per request decides it.
 HOT_ROUTES: dict[str, tuple[str, bool]] = {
-    r.path: (r.endpoint, r.how == "generation") for r in ROUTES if r.how in _RELAYED
+    r.path: (r.endpoint, r.endpoint in _GENERATES) for r in ROUTES if r.how in _RELAYED
 }
 # The audio routes' paths and endpoint names: uploads the raw handler streams through.
 AUDIO_ROUTES: dict[str, str] = {r.path: r.endpoint for r in ROUTES if r.how == "audio"}
+# The paths that speak Anthropic's API: their errors are put in its shape.
+ANTHROPIC_PATHS = frozenset(r.path for r in ROUTES if r.how == "messages")
 # Endpoint names of the pooling routes (vLLM serves them only for pooling models).
 POOLING_ENDPOINTS = frozenset(r.endpoint for r in ROUTES if r.how == "pooling")
 

@@ -43,6 +43,7 @@ from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kin
 from proxy.errors import FailureKind, ProxyError, openai_shaped, sse_error_event, wraps_status
 from proxy.ports import FinishedRequest, RequestServices
 from proxy.request.answer_relay import content_length, relay_rest
+from proxy.request.anthropic_errors import stream_error_event
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import Leg, receipt_header
 from proxy.request.mover import Break, Mover, Splice
@@ -60,6 +61,7 @@ from proxy.request.upstream_failures import (
 )
 from proxy.stream.assembled_answer import AnswerTooLarge
 from proxy.stream.continuation import Movability
+from proxy.stream.messages_stream import MessagesAligner
 from proxy.stream.splice import Splicer
 from proxy.stream.sse import DONE_EVENT, ERROR_EVENT_START
 from proxy.stream.token_ledger import EventAligner, EventTooLarge
@@ -560,7 +562,10 @@ class RequestSession:
             ledger.events.max_event_bytes = self._settings.max_sse_event_bytes
             feed = ledger.feed
         else:
-            aligner = EventAligner(self._settings.max_sse_event_bytes)
+            limit = self._settings.max_sse_event_bytes
+            # A Messages stream's aligner also notes whether its last event ended it.
+            messages = self.ctx.endpoint == "messages"
+            aligner = MessagesAligner(limit) if messages else EventAligner(limit)
             feed = aligner.feed
         splicer = self._splicer
         assembler = self._assembler
@@ -585,6 +590,9 @@ class RequestSession:
                 if not self._leg_live:
                     self._first_output(leg)
                 if resp.at_end and (ledger is None or ledger.done):
+                    if _cut_short(aligner):
+                        await self._emit(out, False)
+                        return Break("failed", _NO_MESSAGE_STOP)
                     if aligner is not None and aligner.tail:
                         out += aligner.tail  # not SSE after all: relay every byte
                     await self._emit(self._closing(out), True)
@@ -605,6 +613,8 @@ class RequestSession:
             # A backend that never ends its event: fail the leg rather than buffer it all.
             return Break("failed", str(e))
         if ledger is None or ledger.done:
+            if _cut_short(aligner):
+                return Break("failed", _NO_MESSAGE_STOP)
             await self._emit(self._closing(aligner.tail if aligner is not None else b""), True)
             return None
         return Break("failed", "the stream ended without its [DONE]")
@@ -708,9 +718,12 @@ class RequestSession:
         """End a stream that cannot go on with an error event; an answer being assembled
         fails instead (its caller answers with an error)."""
         if self._assembler is None:
-            await self._send(
-                {"type": "http.response.body", "body": sse_error_event(message), "more_body": True}
+            event = (
+                stream_error_event(message)
+                if self.ctx.endpoint == "messages"
+                else sse_error_event(message)
             )
+            await self._send({"type": "http.response.body", "body": event, "more_body": True})
             await self._send({"type": "http.response.body", "body": b""})
 
     # --- bookkeeping
@@ -728,6 +741,14 @@ class RequestSession:
         leg.closed = True
         leg.resp.release()  # closes an unfinished response: the backend aborts it
         self._leg_live = False
+
+
+_NO_MESSAGE_STOP = "the stream ended without its message_stop"
+
+
+def _cut_short(aligner: EventAligner | None) -> bool:
+    """A Messages stream that ended, its connection closed cleanly, before its last event."""
+    return isinstance(aligner, MessagesAligner) and not aligner.complete
 
 
 def _json_answer(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -1,9 +1,10 @@
 """Client access control: API keys on the OpenAI endpoints, the backends' own key, and CORS.
 
 Client keys are checked as vLLM's `--api-key` checks them: the `Authorization: Bearer <key>`
-value is hashed with SHA-256 and compared, in constant time, with the digest of every accepted
-key (all of them, so the time taken says nothing about which key nearly matched, nor about a
-key's length). The digests are computed once, at start-up.
+value (or, without one, the `x-api-key: <key>` Anthropic's clients send) is hashed with
+SHA-256 and compared, in constant time, with the digest of every accepted key (all of them,
+so the time taken says nothing about which key nearly matched, nor about a key's length).
+The digests are computed once, at start-up.
 
 The hot path pays for this only when keys are configured: `create_app` then gives the OpenAI
 endpoints' `Forwarder` a `RequireClientKey` to authorize each request with, and wraps the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -68,7 +69,8 @@ class ClientKeys:
             raise ValueError("ClientKeys needs at least one key")
         # Built once: a refused request costs no more than an accepted one.
         self._missing = _unauthorized(
-            "no API key: send it as `Authorization: Bearer <key>` (the OpenAI SDKs' api_key)"
+            "no API key: send it as `Authorization: Bearer <key>` (the OpenAI SDKs' api_key) "
+            "or `x-api-key: <key>` (the Anthropic SDKs')"
         )
         self._wrong = _unauthorized("incorrect API key provided")
 
@@ -108,6 +110,20 @@ def client_keys(api_keys: Iterable[str], keys_file: Path | None) -> ClientKeys |
     return ClientKeys(keys) if keys else None
 
 
+_CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
+
+
+def presented_credential(headers: Mapping[str, str]) -> str | None:
+    """The credential a request presents, as an `Authorization` value: that header as sent,
+    else `x-api-key: <key>` (Anthropic's clients) read as `Bearer <key>`. The one place both
+    the OpenAI endpoints and the control plane read a client's key."""
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        return authorization
+    key = headers.get("x-api-key")
+    return None if key is None else "Bearer " + key
+
+
 class RequireClientKey:
     """The OpenAI endpoints' authorization (the Forwarder's `Authorize`) when client keys are
     configured: a request without an accepted key is answered 401."""
@@ -118,7 +134,7 @@ class RequireClientKey:
         self._keys = keys
 
     def __call__(self, headers: dict[str, str]) -> ProxyError | None:
-        authorization = headers.get("authorization")
+        authorization = presented_credential(headers)
         if self._keys.allows(authorization):
             return None
         return self._keys.refusal(authorization)
@@ -141,11 +157,13 @@ class ControlPlaneKeys:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A CORS preflight carries no credentials by design: it passes (CORS answers it).
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and _needs_key(scope["path"]):
-            authorization = None
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value.decode("latin-1")
-                    break
+            authorization = presented_credential(
+                {
+                    name.decode("latin-1"): value.decode("latin-1")
+                    for name, value in scope["headers"]
+                    if name in _CREDENTIAL_HEADERS
+                }
+            )
             if not self._keys.allows(authorization):
                 await send_error(send, self._keys.refusal(authorization), "")
                 return

@@ -37,13 +37,21 @@ from proxy.control.lora_routes import lora_router
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
+from proxy.request.anthropic_errors import AnthropicErrors
 from proxy.request.audio import AudioRelay
 from proxy.request.entry import Forwarder
 from proxy.request.responses.handler import ResponsesApi
 from proxy.request.responses.handler import serves as serves_responses
 from proxy.request.responses.sqlite_store import SqliteResponseStore
 from proxy.request.responses.store import ResponseStore
-from proxy.request.routes import AUDIO_ROUTES, HOT_ROUTES, REFUSED, Route, refusal_message
+from proxy.request.routes import (
+    ANTHROPIC_PATHS,
+    AUDIO_ROUTES,
+    HOT_ROUTES,
+    REFUSED,
+    Route,
+    refusal_message,
+)
 from proxy.serving.access import (
     ControlPlaneKeys,
     KeyCheck,
@@ -94,6 +102,14 @@ class FleetProxyApp:
             self.forwarder = AdmittedHandler(self.forwarder, self.admission, core)
             self.responses_route = AdmittedHandler(self.responses, self.admission, core)
             self.audio = AdmittedHandler(self.audio, self.admission, core)
+        # Each relayed path's handlers (a POST, another method); the Anthropic paths' errors
+        # in Anthropic's shape. One dict lookup per request, as before.
+        anthropic = (AnthropicErrors(self.forwarder), AnthropicErrors(self._wrong_method))
+        self._hot: dict[str, tuple[AsgiApp, AsgiApp]] = {
+            path: anthropic if path in ANTHROPIC_PATHS else (self.forwarder, self._wrong_method)
+            for path in HOT_ROUTES
+        }
+        self._hot.update({path: (self.audio, self._wrong_method) for path in AUDIO_ROUTES})
         self.asgi: AsgiApp = self
         if s.cors_allow_origins:
             # Outermost, so that preflights (which carry no key) and refusals get CORS headers.
@@ -110,21 +126,16 @@ class FleetProxyApp:
         return self.core.metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in HOT_ROUTES:
-            handler = self.forwarder
-        elif scope["type"] == "http" and scope["path"] in AUDIO_ROUTES:
-            handler = self.audio
-        else:
+        if scope["type"] == "http":
+            hot = self._hot.get(scope["path"])
+            if hot is not None:
+                await (hot[0] if scope["method"] == "POST" else hot[1])(scope, receive, send)
+                return
             # After the hot routes: their requests pay nothing for this one.
-            if scope["type"] == "http" and serves_responses(scope["path"]):
+            if serves_responses(scope["path"]):
                 await self.responses_route(scope, receive, send)
                 return
-            await self._control(scope, receive, send)
-            return
-        if scope["method"] == "POST":
-            await handler(scope, receive, send)
-        else:
-            await self._wrong_method(scope, receive, send)
+        await self._control(scope, receive, send)
 
 
 async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -151,6 +152,15 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
             timeout=10,
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        # The demo answers an Anthropic SDK as it answers an OpenAI one.
+        claude = anthropic.Anthropic(
+            base_url=f"http://127.0.0.1:{port}", api_key="unused", max_retries=0, timeout=10
+        )
+        message = claude.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hello"}]
+        )
+        assert message.usage.output_tokens == 4 and message.content
+        claude.close()
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)

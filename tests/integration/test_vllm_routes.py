@@ -138,7 +138,7 @@ async def test_a_pooling_request_survives_a_dead_engine() -> None:
     ("method", "path", "status", "kind", "says"),
     [
         ("POST", "/v1/responses/render", 501, "not_implemented_error", "does not serve it yet"),
-        ("POST", "/v1/messages", 501, "not_implemented_error", "does not serve it yet"),
+        ("POST", "/v1/messages/render", 501, "not_implemented_error", "does not serve it yet"),
         ("POST", "/sleep", 403, "permission_error", "it controls one engine"),
         ("POST", "/reset_prefix_cache", 403, "permission_error", "it controls one engine"),
         ("POST", "/scale_elastic_ep", 403, "permission_error", "it controls one engine"),

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.request.routes import AUDIO_ROUTES, HOT_ROUTES, POOLING_ENDPOINTS, REFUSED, ROUTES
+from proxy.request.routes import (
+    ANTHROPIC_PATHS,
+    AUDIO_ROUTES,
+    HOT_ROUTES,
+    POOLING_ENDPOINTS,
+    REFUSED,
+    ROUTES,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN = REPO / "tests" / "golden" / "vllm-0.32"
@@ -46,6 +53,9 @@ def test_each_path_has_one_line() -> None:
 def test_relayed_routes_are_the_hot_routes() -> None:
     assert HOT_ROUTES["/v1/completions"] == ("completions", True)
     assert HOT_ROUTES["/v1/chat/completions"] == ("chat/completions", True)
+    assert HOT_ROUTES["/v1/messages"] == ("messages", True)
+    assert HOT_ROUTES["/v1/messages/count_tokens"] == ("messages/count_tokens", False)
+    assert {"/v1/messages", "/v1/messages/count_tokens"} == ANTHROPIC_PATHS
     for path in ("/v1/embeddings", "/pooling", "/score", "/v1/rerank", "/v2/rerank", "/tokenize"):
         assert HOT_ROUTES[path][1] is False, path
     assert {"embeddings", "pooling", "classify", "score", "rerank"} == POOLING_ENDPOINTS
@@ -57,9 +67,10 @@ def test_a_refused_route_says_why_with_a_status_a_client_understands() -> None:
         assert route.status in (403, 501), route.path
         assert route.reason, route.path
     not_yet = {r.path for r in REFUSED if r.status == 501}
-    assert {"/v1/responses/render", "/v1/messages"} <= not_yet
+    assert {"/v1/responses/render", "/v1/messages/render"} <= not_yet
     assert "/v1/responses" not in not_yet  # served by the proxy, with its own store
     assert "/v1/audio/transcriptions" not in not_yet
+    assert "/v1/messages" not in not_yet
     control = {r.path for r in REFUSED if r.status == 403}
     assert {"/scale_elastic_ep", "/sleep", "/pause"} <= control
 
