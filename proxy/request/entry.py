@@ -18,19 +18,12 @@ from typing import Any, Protocol
 
 import orjson
 
-from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import RequestLog, RequestServices
-from proxy.request.body import (
-    chat_prompt,
-    completion_prompt,
-    is_stream,
-    parse_object,
-    require_model,
-)
 from proxy.request.body_budget import BodyBudget
+from proxy.request.context import request_context
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
 from proxy.request.routes import HOT_ROUTES
@@ -303,36 +296,16 @@ class Forwarder:
         headers: dict[str, str],
         request_id: str,
     ) -> RequestContext:
-        parsed = parse_object(body)
-        model = require_model(parsed)
-        token_count: int | None = None
-        if endpoint == "completions":
-            text, token_count = completion_prompt(parsed)
-        elif endpoint == "chat/completions":
-            text = chat_prompt(parsed)
-        else:
-            text = ""
-        stream = is_stream(parsed) if generates else False
-        is_ids = token_count is not None
-        if token_count is None:
-            token_count = estimate_tokens(text, self._chars_per_token)
-        session_id = headers.get(self._session_header) if self._session_header else None
-        if session_id is None and self._session_field:
-            value = parsed.get(self._session_field)
-            session_id = value if isinstance(value, str) else None
-        return RequestContext(
-            request_id=request_id,
-            endpoint=endpoint,
-            model=model,
-            body=parsed,
-            headers=headers,
-            stream=stream,
-            prompt_text=text,
-            prompt_tokens=token_count,
-            session_id=session_id,
-            program_id=headers.get("x-program-id") or session_id,
-            debug=self._debug and headers.get("x-fleet-debug") == "1",
-            prompt_is_token_ids=is_ids,
+        return request_context(
+            endpoint,
+            generates,
+            body,
+            headers,
+            request_id,
+            chars_per_token=self._chars_per_token,
+            session_header=self._session_header,
+            session_field=self._session_field,
+            debug=self._debug,
         )
 
     async def _serve(self, receive: Receive, session: RequestSession) -> int:
