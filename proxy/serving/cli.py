@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "serve": "run the proxy in front of vLLM backends",
     "reschedule": "run the rescheduler on its own against a running proxy's admin API",
     "plan": "run the autoscaling planner against a running proxy (docs/planner.md)",
+    "epp": "the endpoint picker of a Gateway API gateway, over Envoy's ext_proc",
     "demo": "a simulated vLLM fleet plus the proxy, in one command",
     "sim": "run simulated vLLM engines (see `fleet-proxy sim --help`)",
     "bench": "replay a workload against a base_url (`fleet-proxy bench -h`)",
@@ -328,6 +329,10 @@ def own_parser(
     elif command == "profile-sla":
         from planner.profile_sla import build_parser as build
         from planner.profile_sla import main as run
+    elif command == "epp":
+        # Here only: grpc and Envoy's protos are loaded by this subcommand alone.
+        from proxy.gateway.cli import build_parser as build
+        from proxy.gateway.cli import main as run
     elif command == "demo":
         from proxy.serving.demo import build_parser as build
         from proxy.serving.demo import main as run

@@ -1,0 +1,81 @@
+"""`fleet-proxy epp`'s command line: the gRPC listener's own flags, and the fleet and routing
+settings as `serve` takes them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from proxy.gateway.server import EppOptions
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = EppOptions()
+    p = argparse.ArgumentParser(
+        prog="fleet-proxy epp",
+        description="the endpoint picker of a Gateway API gateway, over Envoy's ext_proc "
+        "(docs/gateway.md)",
+    )
+    p.add_argument("--host", default=defaults.host, help=f"(default {defaults.host})")
+    p.add_argument(
+        "--port", type=int, default=defaults.port, help=f"gRPC port (default {defaults.port})"
+    )
+    p.add_argument(
+        "--backend",
+        action="append",
+        dest="backends",
+        metavar="URL",
+        help="a vLLM server's base URL; repeat for each engine",
+    )
+    p.add_argument("--policy", help="routing policy name (default least_requests)")
+    p.add_argument("--config", type=Path, help="YAML settings file (as `serve` reads it)")
+    p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    p.add_argument(
+        "--fallbacks",
+        type=int,
+        default=defaults.fallbacks,
+        help="engines named after the primary in the destination, for the gateway's retries "
+        f"(default {defaults.fallbacks})",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on HOST:PORT (default off)"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from proxy.gateway.server import serve_epp
+    from proxy.settings import ConfigError, load_settings
+
+    args = build_parser().parse_args(argv)
+    if args.fallbacks < 0:
+        print("fleet-proxy: --fallbacks must be 0 or more", file=sys.stderr)
+        return 2
+    overrides = {
+        k: v
+        for k, v in (
+            ("backends", args.backends),
+            ("policy", args.policy),
+            ("log_level", args.log_level),
+        )
+        if v is not None
+    }
+    try:
+        settings = load_settings(overrides, args.config)
+    except ConfigError as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    options = EppOptions(args.host, args.port, args.fallbacks, args.metrics_port)
+    try:
+        asyncio.run(serve_epp(settings, options))
+    except OSError as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,145 @@
+"""The endpoint picker's decision for one request: which engines (primary, then fallbacks)
+and, for a disaggregated request, which prefill engine; the body rewritten when a model alias
+applies. The same routing as the proxy's own data plane: the fleet's candidates for the model
+and the policy's pick among them. No I/O: the caller owns the gRPC stream."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from fleet.types import Backend
+from policies.policy import NoCandidate
+from proxy.errors import ProxyError
+from proxy.ports import FleetServices
+from proxy.request.context import request_context
+from proxy.request.routes import HOT_ROUTES
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    target: Backend
+    fallbacks: tuple[Backend, ...]
+    prefill: Backend | None  # the prefill engine of a disaggregated request
+    endpoint: str  # "completions", "chat/completions", ... ("" for a request with no body)
+    model: str
+    stream: bool
+    charged_tokens: int  # prompt tokens the target is expected to compute
+    body: bytes | None  # the body to send on, when it changed (a model alias)
+
+
+def host_port(backend: Backend) -> str:
+    """`ip:port` of a backend's base URL, as the gateway's destination header carries it."""
+    rest = backend.url.split("://", 1)[-1]
+    return rest.split("/", 1)[0]
+
+
+class EndpointPicker:
+    """Reads the fleet and the policy on every pick: both change while the picker runs."""
+
+    __slots__ = (
+        "_aliases",
+        "_chars_per_token",
+        "_core",
+        "_fallbacks",
+        "_session_field",
+        "_session_header",
+    )
+
+    def __init__(self, core: FleetServices, fallbacks: int) -> None:
+        s = core.settings
+        self._core = core
+        self._aliases: Mapping[str, str] = dict(s.model_aliases)
+        self._chars_per_token = s.chars_per_token
+        self._session_header = s.session_header
+        self._session_field = s.session_body_field
+        self._fallbacks = fallbacks
+
+    def pick(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        subset: Collection[str] | None,
+        request_id: str,
+    ) -> Pick:
+        """Raises ProxyError with the status the gateway answers when none fits (503), or
+        when the body is not a request the engines take (400)."""
+        core = self._core
+        now = core.clock.now()
+        route = HOT_ROUTES.get(path.split("?", 1)[0])
+        if route is None or not body:
+            # No model to route by (GET /v1/models, /health): any engine that takes requests.
+            pool = _in_subset(core.fleet.routable(now), subset)
+            if not pool:
+                raise _unavailable("no engine takes requests right now")
+            ordered = sorted(pool, key=_busy)
+            return Pick(
+                ordered[0], tuple(ordered[1 : 1 + self._fallbacks]), None, "", "", False, 0, None
+            )
+        endpoint, generates = route
+        ctx = request_context(
+            endpoint,
+            generates,
+            body,
+            headers,
+            request_id,
+            chars_per_token=self._chars_per_token,
+            session_header=self._session_header,
+            session_field=self._session_field,
+            debug=False,
+        )
+        new_body: bytes | None = None
+        served = self._aliases.get(ctx.model)
+        if served is not None:
+            ctx.model = served
+            ctx.body["model"] = served
+            new_body = orjson.dumps(ctx.body)
+        candidates = _in_subset(core.fleet.candidates(ctx.model, now), subset)
+        if not candidates:
+            fleet = core.fleet
+            if subset is None and fleet.routable(now) and not fleet.knows_model(ctx.model):
+                raise ProxyError(
+                    404,
+                    f"The model `{ctx.model}` does not exist.",
+                    type="not_found_error",
+                    param="model",
+                    code="model_not_found",
+                )
+            raise _unavailable(f"no healthy engine serves model `{ctx.model}` right now")
+        try:
+            decision = core.policy.pick(ctx, candidates, now)
+        except NoCandidate as e:
+            raise _unavailable(str(e)) from None
+        target = decision.target
+        # Fallbacks, in case the primary fails to connect: the least busy of the others.
+        others = sorted((b for b in candidates if b is not target), key=_busy)
+        charged = decision.prefill_tokens
+        return Pick(
+            target,
+            tuple(others[: self._fallbacks]),
+            decision.prefill,
+            endpoint,
+            ctx.model,
+            ctx.stream,
+            ctx.prompt_tokens if charged is None else charged,
+            new_body,
+        )
+
+
+def _busy(backend: Backend) -> int:
+    load = backend.load
+    return load.in_flight + load.peer_in_flight
+
+
+def _in_subset(backends: list[Backend], subset: Collection[str] | None) -> list[Backend]:
+    """The backends the gateway allows for this request (its subset hint), all without one."""
+    if subset is None:
+        return backends
+    return [b for b in backends if host_port(b) in subset]
+
+
+def _unavailable(message: str) -> ProxyError:
+    return ProxyError(503, message, type="service_unavailable", code=503)
