@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +45,19 @@ def bootstrap(
     *,
     failure_mode_allow: bool,
     default_endpoint: tuple[str, int] | None,
+    pool: list[tuple[str, int]] | None = None,
     retries: int = 0,
+    subset: list[str] | None = None,
 ) -> dict[str, object]:
     """Envoy's configuration: a listener that asks the picker (ext_proc) for each request's
     engine and forwards there; with `default_endpoint`, a request the picker named no engine
-    for (the picker down, `failure_mode_allow`) goes to that engine instead."""
+    for (the picker down, `failure_mode_allow`) goes to that engine instead.
+
+    Without `pool`, an ORIGINAL_DST cluster forwards to the one address of the destination
+    header. With `pool` (the engines' addresses), a cluster of those engines whose
+    `override_host` load balancing takes the picker's list from the `envoy.lb` metadata, and
+    on each of `retries` connection failures goes on to the list's next engine. `subset`: the
+    engines the gateway allows, sent to the picker as the subset hint."""
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -57,6 +65,12 @@ def bootstrap(
             "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}, "timeout": "10s"},
             "failure_mode_allow": failure_mode_allow,
             "message_timeout": "10s",
+            # The picker's `envoy.lb` answer is kept (for override_host); the subset hint and
+            # `envoy.lb` are sent to it.
+            "metadata_options": {
+                "receiving_namespaces": {"untyped": ["envoy.lb"]},
+                "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint", "envoy.lb"]},
+            },
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "response_header_mode": "SEND",
@@ -76,16 +90,24 @@ def bootstrap(
             "route": picked_route,
         }
     ]
+    picked_cluster: dict[str, object] = {
+        "name": "pool",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "2s",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
+    }
+    if pool is not None:
+        picked_cluster = _static_cluster("pool", *pool[0], http2=False, more=pool[1:])
+        picked_cluster["load_balancing_policy"] = _override_host()
+        routes[0]["match"] = {"prefix": "/"}
     clusters: list[dict[str, object]] = [
-        {
-            "name": "pool",
-            "type": "ORIGINAL_DST",
-            "lb_policy": "CLUSTER_PROVIDED",
-            "connect_timeout": "2s",
-            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
-        },
+        picked_cluster,
         _static_cluster("epp", "127.0.0.1", epp_port, http2=True),
     ]
+    filters: list[dict[str, object]] = [ext_proc]
+    if subset is not None:
+        filters.insert(0, _subset_hint(subset))
     if default_endpoint is not None:
         routes.append({"match": {"prefix": "/"}, "route": {"cluster": "default", "timeout": "60s"}})
         clusters.append(_static_cluster("default", *default_endpoint, http2=False))
@@ -123,7 +145,7 @@ def bootstrap(
                                             ]
                                         },
                                         "http_filters": [
-                                            ext_proc,
+                                            *filters,
                                             {
                                                 "name": "envoy.filters.http.router",
                                                 "typed_config": {
@@ -143,25 +165,64 @@ def bootstrap(
     }
 
 
-def _static_cluster(name: str, host: str, port: int, *, http2: bool) -> dict[str, object]:
+def _override_host() -> dict[str, object]:
+    """Load balancing that goes to the hosts the picker named, in order, retry after retry;
+    round robin when it named none."""
+    round_robin = {
+        "typed_extension_config": {
+            "name": "envoy.load_balancing_policies.round_robin",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+            },
+        }
+    }
+    override = {
+        "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+        "override_host_sources": [
+            {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION}]}}
+        ],
+        "fallback_policy": {"policies": [round_robin]},
+    }
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.override_host",
+                    "typed_config": override,
+                }
+            }
+        ]
+    }
+
+
+def _subset_hint(allowed: list[str]) -> dict[str, object]:
+    """A filter that puts the gateway's subset hint in the request's metadata."""
+    return {
+        "name": "envoy.filters.http.set_metadata",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+            "metadata": [
+                {
+                    "metadata_namespace": "envoy.lb.subset_hint",
+                    "value": {"x-gateway-destination-endpoint-subset": allowed},
+                }
+            ],
+        },
+    }
+
+
+def _static_cluster(
+    name: str, host: str, port: int, *, http2: bool, more: Sequence[tuple[str, int]] = ()
+) -> dict[str, object]:
+    endpoints = [
+        {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}}
+        for h, p in [(host, port), *more]
+    ]
     cluster: dict[str, object] = {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {"socket_address": {"address": host, "port_value": port}}
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]},
     }
     if http2:
         cluster["typed_extension_protocol_options"] = {

@@ -39,18 +39,26 @@ def host_port(url: str) -> str:
 
 @contextlib.asynccontextmanager
 async def gateway(
-    fleet: SimFleet, tmp_path: Path, **settings: Any
+    fleet: SimFleet,
+    tmp_path: Path,
+    *,
+    options: EppOptions | None = None,
+    envoy_options: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[tuple[RunningEnvoy, RunningEpp]]:
     """The picker over `fleet` (its engines scraped) and Envoy in front, both ready."""
     assert ENVOY is not None
-    async with running_epp(fast_settings(fleet.urls, **settings), EppOptions(port=0)) as epp:
+    options = options or EppOptions(port=0)
+    async with running_epp(fast_settings(fleet.urls, **settings), options) as epp:
         core = epp.core
         await eventually(
             lambda: len(core.fleet.candidates(MODEL, core.clock.now())) == len(fleet.urls),
             within=30,
             what="the picker's engines scraped",
         )
-        config = bootstrap(epp.port, failure_mode_allow=False, default_endpoint=None)
+        config = bootstrap(
+            epp.port, failure_mode_allow=False, default_endpoint=None, **(envoy_options or {})
+        )
         async with running_envoy(ENVOY, config, tmp_path) as envoy:
             yield envoy, epp
 
@@ -244,3 +252,54 @@ async def test_the_picker_down(allow: bool, tmp_path: Path) -> None:
                     await client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)
                 assert failed.value.status_code >= 500
             await client.close()
+
+
+def address(url: str) -> tuple[str, int]:
+    host, port = host_port(url).split(":")
+    return host, int(port)
+
+
+async def test_the_gateways_subset_hint_limits_the_pick(tmp_path: Path) -> None:
+    async with await start_fleet(3, speed=20.0) as fleet:
+        allowed = [host_port(u) for u in fleet.urls[1:]]
+        async with gateway(
+            fleet, tmp_path, policy="round_robin", envoy_options={"subset": allowed}
+        ) as (envoy, _):
+            client = sdk(envoy)
+            served = set()
+            for _ in range(6):
+                raw = await client.completions.with_raw_response.create(
+                    model=MODEL, prompt="Hi", max_tokens=2
+                )
+                served.add(raw.headers["x-served-by"])
+            assert served == set(allowed)
+            await client.close()
+
+
+async def test_a_dead_primary_falls_back_to_the_next_engine_on_envoys_retry(
+    tmp_path: Path,
+) -> None:
+    """The picker names a fallback after the primary; Envoy's override_host load balancing
+    with a connect-failure retry goes on to it when the primary refuses the connection. The
+    picker's scrapes are slowed so that it still believes the dead engine alive."""
+    async with await start_fleet(2, speed=20.0) as fleet:
+        slow = {"scrape_interval": 30.0, "health_interval": 30.0, "stale_after": 120.0}
+        async with gateway(
+            fleet,
+            tmp_path,
+            policy="round_robin",
+            options=EppOptions(port=0, fallbacks=1),
+            envoy_options={"pool": [address(u) for u in fleet.urls], "retries": 1},
+            **slow,
+        ) as (envoy, epp):
+            dead, alive = fleet.engines
+            await dead.close()
+            client = sdk(envoy)
+            for _ in range(4):
+                raw = await client.completions.with_raw_response.create(
+                    model=MODEL, prompt="Hi", max_tokens=2
+                )
+                assert raw.headers["x-served-by"] == host_port(alive.url)
+            await client.close()
+            dead_backend = next(b for b in epp.core.fleet if b.url == dead.url)
+            assert dead_backend.load.dispatched_total >= 1  # it was the primary of some
