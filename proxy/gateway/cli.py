@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from proxy.gateway.server import EppOptions
+from proxy.gateway.shedding import Shedding
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on HOST:PORT (default off)"
     )
+    shed = defaults.shedding
+    p.add_argument(
+        "--objective",
+        action="append",
+        default=[],
+        metavar="NAME=PRIORITY",
+        help="an objective's priority (the x-gateway-inference-objective header names it); "
+        "a negative one is shed with 429 when every engine is saturated; repeat for each",
+    )
+    p.add_argument(
+        "--saturation-queue-depth",
+        type=float,
+        default=shed.queue_depth,
+        help=f"waiting requests at which an engine is saturated (default {shed.queue_depth:g})",
+    )
+    p.add_argument(
+        "--saturation-kv-cache",
+        type=float,
+        default=shed.kv_cache,
+        help=f"KV-cache usage (0..1) at which an engine is saturated (default {shed.kv_cache:g})",
+    )
     return p
+
+
+def parse_objectives(given: list[str]) -> dict[str, int]:
+    """`NAME=PRIORITY` flags as a mapping; raises ValueError naming a bad one."""
+    out: dict[str, int] = {}
+    for item in given:
+        name, sep, priority = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = int(priority)
+        except ValueError:
+            raise ValueError(f"--objective {item!r}: expected NAME=PRIORITY (an integer)") from None
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -53,6 +89,11 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.fallbacks < 0:
         print("fleet-proxy: --fallbacks must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        priorities = parse_objectives(args.objective)
+    except ValueError as e:
+        print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
     overrides = {
         k: v
@@ -72,7 +113,8 @@ def main(argv: list[str]) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    options = EppOptions(args.host, args.port, args.fallbacks, args.metrics_port)
+    shedding = Shedding(args.saturation_queue_depth, args.saturation_kv_cache, priorities)
+    options = EppOptions(args.host, args.port, args.fallbacks, args.metrics_port, shedding)
     try:
         asyncio.run(serve_epp(settings, options))
     except OSError as e:

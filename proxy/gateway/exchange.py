@@ -67,11 +67,13 @@ class Exchange:
     def picked(self) -> Pick | None:
         return self._pick
 
-    def route(self, body: bytes) -> Routed:
+    async def route(self, body: bytes) -> Routed:
         """Pick for the request whose headers were read and whose whole body is `body`; raises
         ProxyError with the status to answer instead."""
         try:
-            pick = self._picker.pick(self.path, self.headers, body, self.subset, self.request_id)
+            pick = await self._picker.pick(
+                self.path, self.headers, body, self.subset, self.request_id
+            )
         except ProxyError as e:
             self._metrics.count_request(_endpoint_of(self.path), e.status)
             self._ended = True
@@ -79,8 +81,6 @@ class Exchange:
         self._pick = pick
         if pick.endpoint:
             self._dispatch = Dispatch(pick.target.load, pick.charged_tokens)
-        if pick.prefill is not None:
-            self._metrics.pd_prefill_legs.inc()
         return _routed(pick)
 
     def served_by(self, backend: Backend) -> None:

@@ -23,7 +23,6 @@ from proxy.errors import ProxyError
 from proxy.gateway.exchange import DESTINATION, Exchange, Routed
 from proxy.gateway.picking import EndpointPicker, host_port
 from proxy.metrics import RouterMetrics
-from proxy.ports import FleetServices
 
 log = logging.getLogger("fleet_proxy.gateway")
 
@@ -37,10 +36,9 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 class ExternalProcessor:
     """The servicer grpc's generated `add_ExternalProcessorServicer_to_server` takes."""
 
-    def __init__(self, core: FleetServices, metrics: RouterMetrics, fallbacks: int) -> None:
-        self._core = core
+    def __init__(self, picker: EndpointPicker, metrics: RouterMetrics) -> None:
         self._metrics = metrics
-        self._picker = EndpointPicker(core, fallbacks)
+        self._picker = picker
         # The answers that say only "go on": built once, sent for most messages.
         self._go_on_headers = pb.ProcessingResponse(
             request_headers=pb.HeadersResponse(response=pb.CommonResponse())
@@ -71,7 +69,7 @@ class ExternalProcessor:
                 elif kind == "request_headers":
                     self._read_headers(exchange, message)
                     if message.request_headers.end_of_stream:
-                        yield self._answer(exchange, b"", phase="request_headers")
+                        yield await self._answer(exchange, b"", phase="request_headers")
                     else:
                         yield self._go_on_headers
                 elif kind == "request_body":
@@ -80,7 +78,7 @@ class ExternalProcessor:
                     if chunk.end_of_stream:
                         whole = b"".join(body)
                         body.clear()
-                        yield self._answer(exchange, whole, phase="request_body")
+                        yield await self._answer(exchange, whole, phase="request_body")
                     else:
                         yield self._go_on_body
                 elif kind == "response_headers":
@@ -122,9 +120,9 @@ class ExternalProcessor:
                 exchange.served_by(backend)
                 return
 
-    def _answer(self, exchange: Exchange, body: bytes, *, phase: str) -> Any:
+    async def _answer(self, exchange: Exchange, body: bytes, *, phase: str) -> Any:
         try:
-            routed = exchange.route(body)
+            routed = await exchange.route(body)
         except ProxyError as e:
             return _immediate(e)
         return _routing_answer(routed, phase)

@@ -11,13 +11,15 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc import aio
 
 from proxy.gateway.ext_proc import ExternalProcessor
+from proxy.gateway.picking import EndpointPicker
+from proxy.gateway.shedding import Shedding
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
@@ -33,6 +35,7 @@ class EppOptions:
     port: int = 9002  # the port the Gateway API Inference Extension's EPP listens on
     fallbacks: int = 0  # engines named after the primary in the destination
     metrics_port: int | None = None
+    shedding: Shedding = field(default_factory=Shedding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,10 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
     metrics_server: Any = None
     try:
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(core, core.metrics, options.fallbacks), server
+            ExternalProcessor(
+                EndpointPicker(core, options.fallbacks, options.shedding), core.metrics
+            ),
+            server,
         )
         port = server.add_insecure_port(f"{options.host}:{options.port}")
         if port == 0:
