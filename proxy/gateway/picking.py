@@ -41,7 +41,6 @@ class Pick:
     prefill: Backend | None  # the prefill engine of a disaggregated request
     endpoint: str  # "completions", "chat/completions", ... ("" for a request with no body)
     model: str
-    stream: bool
     charged_tokens: int  # prompt tokens the target is expected to compute
     body: bytes | None  # the body to send on, when it changed (a model alias)
 
@@ -95,7 +94,7 @@ class EndpointPicker:
                 raise _unavailable("no engine takes requests right now")
             ordered = sorted(pool, key=_busy)
             fallbacks = tuple(ordered[1 : 1 + self._fallbacks])
-            return Pick(ordered[0], fallbacks, None, "", "", False, 0, None)
+            return Pick(ordered[0], fallbacks, None, "", "", 0, None)
         endpoint, generates = route
         ctx = request_context(
             endpoint,
@@ -151,7 +150,6 @@ class EndpointPicker:
             decision.prefill,
             endpoint,
             ctx.model,
-            ctx.stream,
             ctx.prompt_tokens if charged is None else charged,
             new_body,
         )

@@ -331,8 +331,8 @@ def own_parser(
         from planner.profile_sla import main as run
     elif command == "epp":
         # Here only: grpc and Envoy's protos are loaded by this subcommand alone.
-        from proxy.gateway.cli import build_parser as build
-        from proxy.gateway.cli import main as run
+        from proxy.serving.epp_cli import build_parser as build
+        from proxy.serving.epp_cli import main as run
     elif command == "demo":
         from proxy.serving.demo import build_parser as build
         from proxy.serving.demo import main as run

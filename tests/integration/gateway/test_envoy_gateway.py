@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.gateway.server import EppOptions, RunningEpp, running_epp
+from proxy.gateway.options import EppOptions
+from proxy.serving.epp import RunningEpp, running_epp
 from simulator.fleet import SimFleet, start_fleet
 from tests.support.envoy import RunningEnvoy, bootstrap, envoy_binary, running_envoy
 from tests.support.polling import eventually

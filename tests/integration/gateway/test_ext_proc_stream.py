@@ -16,8 +16,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
-from proxy.gateway.server import EppOptions, RunningEpp, running_epp
+from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
+from proxy.serving.epp import RunningEpp, running_epp
 from simulator.fleet import SimFleet, start_fleet
 from tests.integration.test_pd_disaggregation import pd_routing
 from tests.support.polling import eventually

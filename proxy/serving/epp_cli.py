@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from proxy.gateway.server import EppOptions
+from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
 
 
@@ -83,7 +83,7 @@ def parse_objectives(given: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    from proxy.gateway.server import serve_epp
+    from proxy.serving.epp import serve_epp
     from proxy.settings import ConfigError, load_settings
 
     args = build_parser().parse_args(argv)

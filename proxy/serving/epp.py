@@ -11,15 +11,15 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc import aio
 
 from proxy.gateway.ext_proc import ExternalProcessor
+from proxy.gateway.options import EppOptions
 from proxy.gateway.picking import EndpointPicker
-from proxy.gateway.shedding import Shedding
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
@@ -27,15 +27,6 @@ log = logging.getLogger("fleet_proxy.gateway")
 
 # Seconds a stop gives the streams in progress (requests the gateway is forwarding) to end.
 STOP_GRACE_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class EppOptions:
-    host: str = "127.0.0.1"
-    port: int = 9002  # the port the Gateway API Inference Extension's EPP listens on
-    fallbacks: int = 0  # engines named after the primary in the destination
-    metrics_port: int | None = None
-    shedding: Shedding = field(default_factory=Shedding)
 
 
 @dataclass(frozen=True, slots=True)

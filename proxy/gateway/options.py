@@ -1,0 +1,17 @@
+"""The endpoint picker's own options (`fleet-proxy epp`'s flags), beside the fleet and
+routing settings it shares with `serve`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proxy.gateway.shedding import Shedding
+
+
+@dataclass(frozen=True, slots=True)
+class EppOptions:
+    host: str = "127.0.0.1"
+    port: int = 9002  # the port the Gateway API Inference Extension's EPP listens on
+    fallbacks: int = 0  # engines named after the primary in the destination
+    metrics_port: int | None = None
+    shedding: Shedding = field(default_factory=Shedding)
