@@ -15,3 +15,7 @@ class EppOptions:
     fallbacks: int = 0  # engines named after the primary in the destination
     metrics_port: int | None = None
     shedding: Shedding = field(default_factory=Shedding)
+    # The InferencePool whose pods are the engines (found with pod discovery), and its
+    # namespace (None: discovery_namespace, else the pod's own, else `default`).
+    pool_name: str | None = None
+    pool_namespace: str | None = None

@@ -75,14 +75,14 @@ def _serve_parser(sub: Any) -> None:
         const=True,
         help="scale the fleet's workers with the planner in this process (docs/planner.md)",
     )
-    _setting_flags(p, PLANNER_FLAGS)
+    setting_flags(p, PLANNER_FLAGS)
     p.add_argument(
         "--discovery-kubernetes",
         action="store_const",
         const=True,
         help="add and remove backends as Kubernetes pods come and go (docs/deploy.md)",
     )
-    _setting_flags(p, DISCOVERY_FLAGS)
+    setting_flags(p, DISCOVERY_FLAGS)
 
 
 # Every rescheduler setting has a flag of its own name (`--rescheduling-interval-ms 250`);
@@ -146,10 +146,10 @@ DISCOVERY_FLAGS = (
 
 
 def _rescheduler_flags(p: Any) -> None:
-    _setting_flags(p, RESCHEDULER_FLAGS)
+    setting_flags(p, RESCHEDULER_FLAGS)
 
 
-def _setting_flags(p: Any, names: tuple[str, ...]) -> None:
+def setting_flags(p: Any, names: tuple[str, ...]) -> None:
     from proxy.settings import Settings
 
     for name in names:

@@ -17,6 +17,8 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc import aio
 
+from fleet.changes import LocalChanges
+from proxy.control.discovery_loop import DiscoveryLoop, kubernetes_discovery
 from proxy.gateway.ext_proc import ExternalProcessor
 from proxy.gateway.options import EppOptions
 from proxy.gateway.picking import EndpointPicker
@@ -35,37 +37,89 @@ class RunningEpp:
     core: ProxyCore
 
 
+async def pool_settings(settings: Settings, options: EppOptions) -> Settings:
+    """The settings with pod discovery of the InferencePool `options.pool_name` names: its
+    selector's pods, on its target port. Read once, at start-up; without a pool, unchanged."""
+    if options.pool_name is None:
+        return settings
+    # Here, not at the top: only a picker of an InferencePool loads the Kubernetes client.
+    from fleet.inference_pool import GROUP, PLURAL, VERSION, pool_target
+    from fleet.kube_client import in_cluster_namespace, kube_api
+
+    namespace = (
+        options.pool_namespace
+        or settings.discovery_namespace
+        or in_cluster_namespace()
+        or "default"
+    )
+    async with kube_api(kubeconfig=settings.discovery_kubeconfig) as api:
+        pool = await api.get_custom_object(GROUP, VERSION, namespace, PLURAL, options.pool_name)
+    target = pool_target(pool)
+    log.info(
+        "InferencePool %s/%s: pods %s, port %d",
+        namespace,
+        options.pool_name,
+        target.selector,
+        target.port,
+    )
+    return settings.model_copy(
+        update={
+            "discovery_kubernetes": True,
+            "discovery_namespace": namespace,
+            "discovery_label_selector": target.selector,
+            "discovery_port": target.port,
+        }
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[RunningEpp]:
-    """The picker listening on `options.port` (0: a free one), its fleet scraped."""
+    """The picker listening on `options.port` (0: a free one), its fleet scraped; with pod
+    discovery (`discovery_kubernetes`, or an InferencePool), its engines found as pods."""
+    settings = await pool_settings(settings, options)
     core = ProxyCore(settings)
-    await core.start()
-    server: Any = aio.server()
-    metrics_server: Any = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        discovery: DiscoveryLoop | None = None
+        if settings.discovery_kubernetes:
+            # First: a Kubernetes client that cannot be configured stops start-up at once.
+            discovery = await stack.enter_async_context(
+                kubernetes_discovery(core, LocalChanges(core.fleet))
+            )
+        await core.start()
+        stack.push_async_callback(core.stop)
+        if discovery is not None:
+            task = asyncio.create_task(discovery.run(), name="discovery")
+            stack.push_async_callback(_cancelled, task)
+        server: Any = aio.server()
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessor(
                 EndpointPicker(core, options.fallbacks, options.shedding), core.metrics
             ),
             server,
         )
-        port = server.add_insecure_port(f"{options.host}:{options.port}")
+        try:
+            port = server.add_insecure_port(f"{options.host}:{options.port}")
+        except RuntimeError:  # grpc's word for a port it cannot bind
+            port = 0
         if port == 0:
             raise OSError(f"cannot listen on {options.host}:{options.port}")
         await server.start()
+        stack.push_async_callback(server.stop, STOP_GRACE_S)
         if options.metrics_port is not None:
             from prometheus_client import start_http_server
 
             metrics_server, _ = start_http_server(
                 options.metrics_port, options.host, registry=core.prom
             )
+            stack.callback(metrics_server.server_close)
+            stack.callback(metrics_server.shutdown)
         yield RunningEpp(port, core)
-    finally:
-        await server.stop(STOP_GRACE_S)
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
-        await core.stop()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def serve_epp(settings: Settings, options: EppOptions) -> None:

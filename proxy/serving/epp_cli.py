@@ -11,6 +11,7 @@ from pathlib import Path
 
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
+from proxy.serving.cli import DISCOVERY_FLAGS, setting_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on HOST:PORT (default off)"
     )
+    p.add_argument(
+        "--pool-name",
+        help="find the engines as the pods of this InferencePool (its selector, its target "
+        "port), read at start-up (default none: --backend, or pod discovery's settings)",
+    )
+    p.add_argument(
+        "--pool-namespace",
+        help="the InferencePool's namespace (default: --discovery-namespace, else the pod's own, "
+        "else default)",
+    )
+    p.add_argument(
+        "--discovery-kubernetes",
+        action="store_const",
+        const=True,
+        help="find the engines as the Ready pods behind --discovery-label-selector",
+    )
+    setting_flags(p, DISCOVERY_FLAGS)
     shed = defaults.shedding
     p.add_argument(
         "--objective",
@@ -95,15 +113,8 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
-    overrides = {
-        k: v
-        for k, v in (
-            ("backends", args.backends),
-            ("policy", args.policy),
-            ("log_level", args.log_level),
-        )
-        if v is not None
-    }
+    named = ["backends", "policy", "log_level", "discovery_kubernetes", *DISCOVERY_FLAGS]
+    overrides = {n: getattr(args, n) for n in named if getattr(args, n) is not None}
     try:
         settings = load_settings(overrides, args.config)
     except ConfigError as e:
@@ -114,10 +125,18 @@ def main(argv: list[str]) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     shedding = Shedding(args.saturation_queue_depth, args.saturation_kv_cache, priorities)
-    options = EppOptions(args.host, args.port, args.fallbacks, args.metrics_port, shedding)
+    options = EppOptions(
+        args.host,
+        args.port,
+        args.fallbacks,
+        args.metrics_port,
+        shedding,
+        args.pool_name,
+        args.pool_namespace,
+    )
     try:
         asyncio.run(serve_epp(settings, options))
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 1
     return 0
