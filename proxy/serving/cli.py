@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from proxy.serving.setting_flags import DISCOVERY_FLAGS, setting_flags
+
 if TYPE_CHECKING:
     from proxy.settings import Settings
 
@@ -135,31 +137,8 @@ PLANNER_FLAGS = (
 )
 
 
-# Pod discovery's settings, each a flag of its own name (`--discovery-namespace llm`).
-DISCOVERY_FLAGS = (
-    "discovery_namespace",
-    "discovery_label_selector",
-    "discovery_port",
-    "discovery_kubeconfig",
-    "discovery_drain_timeout",
-)
-
-
 def _rescheduler_flags(p: Any) -> None:
     setting_flags(p, RESCHEDULER_FLAGS)
-
-
-def setting_flags(p: Any, names: tuple[str, ...]) -> None:
-    from proxy.settings import Settings
-
-    for name in names:
-        field = Settings.model_fields[name]
-        default = field.get_default(call_default_factory=True)
-        if isinstance(default, list):
-            default = ",".join(default)
-        p.add_argument(
-            "--" + name.replace("_", "-"), dest=name, metavar="V", help=f"(default {default})"
-        )
 
 
 def _reschedule_parser(sub: Any) -> None:

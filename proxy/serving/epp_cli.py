@@ -11,7 +11,7 @@ from pathlib import Path
 
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
-from proxy.serving.cli import DISCOVERY_FLAGS, setting_flags
+from proxy.serving.setting_flags import DISCOVERY_FLAGS, setting_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
