@@ -16,6 +16,8 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from fleet.changes import LocalChanges
 from proxy.control.discovery_loop import DiscoveryLoop, kubernetes_discovery
@@ -29,6 +31,10 @@ log = logging.getLogger("fleet_proxy.gateway")
 
 # Seconds a stop gives the streams in progress (requests the gateway is forwarding) to end.
 STOP_GRACE_S = 5.0
+# The Endpoint Picker Protocol's health services: the process answers, and it can pick.
+LIVENESS = "liveness"
+READINESS_SERVICES = ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor", "")
+READINESS_EVERY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,8 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
             task = asyncio.create_task(discovery.run(), name="discovery")
             stack.push_async_callback(_cancelled, task)
         server: Any = aio.server()
+        health: Any = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessor(
                 EndpointPicker(core, options.fallbacks, options.shedding), core.metrics
@@ -105,6 +113,10 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
             raise OSError(f"cannot listen on {options.host}:{options.port}")
         await server.start()
         stack.push_async_callback(server.stop, STOP_GRACE_S)
+        await health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        stack.push_async_callback(health.enter_graceful_shutdown)
+        watch = asyncio.create_task(_readiness(core, health), name="epp-readiness")
+        stack.push_async_callback(_cancelled, watch)
         if options.metrics_port is not None:
             from prometheus_client import start_http_server
 
@@ -114,6 +126,21 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
             stack.callback(metrics_server.server_close)
             stack.callback(metrics_server.shutdown)
         yield RunningEpp(port, core)
+
+
+async def _readiness(core: ProxyCore, health: Any) -> None:
+    """The gRPC health services the protocol names, kept current: `readiness` and the ext_proc
+    service (and the server's overall "") serve while some engine takes requests."""
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    last = None
+    while True:
+        status = serving if core.fleet.routable(core.clock.now()) else not_serving
+        if status != last:
+            for service in READINESS_SERVICES:
+                await health.set(service, status)
+            last = status
+        await asyncio.sleep(READINESS_EVERY_S)
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:

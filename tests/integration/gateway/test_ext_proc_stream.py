@@ -15,6 +15,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
@@ -22,6 +23,7 @@ from proxy.serving.epp import RunningEpp, running_epp
 from simulator.fleet import SimFleet, start_fleet
 from tests.integration.test_pd_disaggregation import pd_routing
 from tests.support.polling import eventually
+from tests.support.processes import free_port
 from tests.support.servers import fast_settings
 
 MODEL = "sim-llama-8b"
@@ -233,3 +235,37 @@ async def test_the_accounting_follows_the_answer_and_a_closed_stream_releases_it
         call.cancel()  # the gateway gave up on the request before its end
         await eventually(lambda: backend.load.in_flight == 0, what="the request released")
         assert backend.load.running_decodes == 0
+
+
+async def health_of(port: int, service: str) -> int | None:
+    """The service's status; None while the picker has not published it."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.NOT_FOUND
+            return None
+        status: int = reply.status
+        return status
+
+
+async def test_the_health_services_say_whether_the_picker_can_pick(fleet: SimFleet) -> None:
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    async with picker(fleet.urls) as (_, epp):
+        for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+
+            async def serves(service: str = service) -> bool:
+                return await health_of(epp.port, service) == serving
+
+            await eventually(serves, what=f"{service} SERVING")
+    # No engine answers: alive, not ready.
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with running_epp(fast_settings([dead]), EppOptions(port=0)) as epp:
+        assert await health_of(epp.port, "liveness") == serving
+
+        async def not_ready() -> bool:
+            return await health_of(epp.port, "readiness") == not_serving
+
+        await eventually(not_ready, what="readiness NOT_SERVING")

@@ -222,6 +222,8 @@ def test_the_picker_runs_the_command_line_it_documents() -> None:
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert (args.port, args.metrics_port) == (ports["grpc"], ports["metrics"])
     assert args.host == "0.0.0.0"
+    assert c["livenessProbe"]["grpc"] == {"port": args.port, "service": "liveness"}
+    assert c["readinessProbe"]["grpc"] == {"port": args.port, "service": "readiness"}
     service = one(docs, "Service")
     assert (
         service["spec"]["selector"].items()
