@@ -16,6 +16,16 @@ import pytest
 from proxy.gateway.options import EppOptions
 from proxy.serving.epp import RunningEpp, running_epp
 from simulator.fleet import SimFleet, start_fleet
+from simulator.tokenizer import Tokenizer
+from tests.integration.policies.test_precise_prefix_on_simulator import (
+    PRECISE_ONLY,
+    backend_config,
+    chat,
+    holds,
+    publishing_fleet,
+    system_prompt,
+    warm,
+)
 from tests.support.envoy import RunningEnvoy, bootstrap, envoy_binary, running_envoy
 from tests.support.polling import eventually
 from tests.support.processes import free_port
@@ -304,3 +314,38 @@ async def test_a_dead_primary_falls_back_to_the_next_engine_on_envoys_retry(
             await client.close()
             dead_backend = next(b for b in epp.core.fleet if b.url == dead.url)
             assert dead_backend.load.dispatched_total >= 1  # it was the primary of some
+
+
+async def test_precise_prefix_routing_follows_the_engines_kv_events(tmp_path: Path) -> None:
+    """The picker follows the engines' own KV-cache events: a prompt whose prefix an engine
+    cached behind its back goes to that engine through Envoy."""
+    tokenizer = Tokenizer()
+    async with publishing_fleet(3, tokenizer) as fleet:
+        settings = fast_settings(
+            [backend_config(e) for e in fleet.engines], routing=PRECISE_ONLY, kv_events_topic="kv"
+        )
+        async with running_epp(settings, EppOptions(port=0)) as epp:
+            core = epp.core
+            await eventually(
+                lambda: len(core.fleet.candidates(MODEL, core.clock.now())) == 3,
+                within=30,
+                what="the picker's engines scraped",
+            )
+            index = core.precise_index
+            assert index is not None
+            async with httpx.AsyncClient(timeout=30) as direct:
+                for k, engine in enumerate(fleet.engines):
+                    ids = await warm(direct, engine, chat(system_prompt(k), "warm up"))
+                    await eventually(holds(index, ids, engine), what=f"engine {k}'s blocks")
+            assert ENVOY is not None
+            config = bootstrap(epp.port, failure_mode_allow=False, default_endpoint=None)
+            async with running_envoy(ENVOY, config, tmp_path) as envoy:
+                client = sdk(envoy)
+                for k, engine in reversed(list(enumerate(fleet.engines))):
+                    raw = await client.chat.completions.with_raw_response.create(
+                        **chat(system_prompt(k), "a new question")
+                    )
+                    assert raw.headers["x-served-by"] == host_port(engine.url)
+                await client.close()
+            tokens = core.prompt_tokens
+            assert tokens is not None and tokens.failures == 0 and tokens.tokenized >= 3
