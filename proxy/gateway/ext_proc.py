@@ -125,6 +125,12 @@ class ExternalProcessor:
             routed = await exchange.route(body)
         except ProxyError as e:
             return _immediate(e)
+        except Exception:
+            # Never a broken stream for a fault of the picker's: the gateway answers 500.
+            log.exception("picking for %s failed", exchange.request_id or exchange.path)
+            return _immediate(
+                ProxyError(500, "internal endpoint picker error", type="internal_error")
+            )
         return _routing_answer(routed, phase)
 
 
