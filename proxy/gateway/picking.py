@@ -13,10 +13,10 @@ import orjson
 
 from fleet.types import Backend
 from policies.policy import NoCandidate, RequestContext
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, model_not_found
 from proxy.gateway.shedding import Shedding
 from proxy.ports import FleetServices
-from proxy.request.context import request_context
+from proxy.request.context import ContextReader
 from proxy.request.routes import HOT_ROUTES
 
 if TYPE_CHECKING:
@@ -54,23 +54,13 @@ def host_port(backend: Backend) -> str:
 class EndpointPicker:
     """Reads the fleet and the policy on every pick: both change while the picker runs."""
 
-    __slots__ = (
-        "_aliases",
-        "_chars_per_token",
-        "_core",
-        "_fallbacks",
-        "_session_field",
-        "_session_header",
-        "_shedding",
-    )
+    __slots__ = ("_aliases", "_contexts", "_core", "_fallbacks", "_shedding")
 
     def __init__(self, core: PickerServices, fallbacks: int, shedding: Shedding) -> None:
         s = core.settings
         self._core = core
         self._aliases: Mapping[str, str] = dict(s.model_aliases)
-        self._chars_per_token = s.chars_per_token
-        self._session_header = s.session_header
-        self._session_field = s.session_body_field
+        self._contexts = ContextReader(s, debug=False)
         self._fallbacks = fallbacks
         self._shedding = shedding
 
@@ -96,17 +86,7 @@ class EndpointPicker:
             fallbacks = tuple(ordered[1 : 1 + self._fallbacks])
             return Pick(ordered[0], fallbacks, None, "", "", 0, None)
         endpoint, generates = route
-        ctx = request_context(
-            endpoint,
-            generates,
-            body,
-            headers,
-            request_id,
-            chars_per_token=self._chars_per_token,
-            session_header=self._session_header,
-            session_field=self._session_field,
-            debug=False,
-        )
+        ctx = self._contexts.read(endpoint, generates, body, headers, request_id)
         new_body: bytes | None = None
         served = self._aliases.get(ctx.model)
         if served is not None:
@@ -120,13 +100,7 @@ class EndpointPicker:
         if not candidates:
             fleet = core.fleet
             if subset is None and fleet.routable(now) and not fleet.knows_model(ctx.model):
-                raise ProxyError(
-                    404,
-                    f"The model `{ctx.model}` does not exist.",
-                    type="not_found_error",
-                    param="model",
-                    code="model_not_found",
-                )
+                raise model_not_found(ctx.model)
             raise _unavailable(f"no healthy engine serves model `{ctx.model}` right now")
         shedding = self._shedding
         if shedding.sheddable(headers) and shedding.saturated(candidates):

@@ -23,7 +23,7 @@ from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import RequestLog, RequestServices
 from proxy.request.body_budget import BodyBudget
-from proxy.request.context import request_context
+from proxy.request.context import ContextReader
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
 from proxy.request.routes import HOT_ROUTES
@@ -101,16 +101,12 @@ class Forwarder:
         self._authorize = authorize
         self.settings = core.settings
         self.legs = LegServices(core)
-        self._chars_per_token = core.settings.chars_per_token
+        self._contexts = ContextReader(core.settings, debug=core.settings.debug_receipts)
         self._watchers: set[asyncio.Task[None]] = set()
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
-        self._debug = core.settings.debug_receipts
         self._request_log: RequestLog | None = core.request_log
         self._aliases = dict(core.settings.model_aliases) or None
-        # What names a request's session for session-affinity routing.
-        self._session_header = core.settings.session_header
-        self._session_field = core.settings.session_body_field
         self._drop = _DROP_REQUEST_HEADERS
         self._max_forwarded_header_bytes = core.settings.max_forwarded_header_bytes
         if not core.settings.forward_client_authorization:
@@ -158,7 +154,7 @@ class Forwarder:
                         raise refusal
                 body = await self._read_body(receive, headers)
                 held = len(body)
-                ctx = self._context(endpoint, generates, body, headers, request_id)
+                ctx = self._contexts.read(endpoint, generates, body, headers, request_id)
                 if self._aliases is not None:
                     body = self._dealias(ctx, body, self._aliases)
                 model = ctx.model
@@ -286,26 +282,6 @@ class Forwarder:
             type="service_unavailable",
             code=503,
             headers=[(b"retry-after", b"1")],
-        )
-
-    def _context(
-        self,
-        endpoint: str,
-        generates: bool,
-        body: bytes,
-        headers: dict[str, str],
-        request_id: str,
-    ) -> RequestContext:
-        return request_context(
-            endpoint,
-            generates,
-            body,
-            headers,
-            request_id,
-            chars_per_token=self._chars_per_token,
-            session_header=self._session_header,
-            session_field=self._session_field,
-            debug=self._debug,
         )
 
     async def _serve(self, receive: Receive, session: RequestSession) -> int:
