@@ -13,7 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxy.serving.setting_flags import DISCOVERY_FLAGS, setting_flags
+from proxy.serving.setting_flags import (
+    DISCOVERY_FLAGS,
+    discovery_flags,
+    fleet_flags,
+    setting_flags,
+)
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -42,22 +47,13 @@ def _serve_parser(sub: Any) -> None:
     )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 8000)")
-    p.add_argument(
-        "--backend",
-        action="append",
-        dest="backends",
-        metavar="URL",
-        help="a vLLM server's base URL; repeat for each backend",
-    )
-    p.add_argument("--policy", help="routing policy name (default least_requests)")
-    p.add_argument("--config", type=Path, help="YAML settings file")
+    fleet_flags(p)
     p.add_argument("--admin-token", help="protect the /admin API with this token")
     p.add_argument(
         "--api-keys-file",
         type=Path,
         help="require a client key from this file (one per line) on the OpenAI endpoints",
     )
-    p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument(
         "--workers",
         type=int,
@@ -78,13 +74,7 @@ def _serve_parser(sub: Any) -> None:
         help="scale the fleet's workers with the planner in this process (docs/planner.md)",
     )
     setting_flags(p, PLANNER_FLAGS)
-    p.add_argument(
-        "--discovery-kubernetes",
-        action="store_const",
-        const=True,
-        help="add and remove backends as Kubernetes pods come and go (docs/deploy.md)",
-    )
-    setting_flags(p, DISCOVERY_FLAGS)
+    discovery_flags(p)
 
 
 # Every rescheduler setting has a flag of its own name (`--rescheduling-interval-ms 250`);

@@ -7,11 +7,14 @@ import argparse
 import asyncio
 import logging
 import sys
-from pathlib import Path
 
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
-from proxy.serving.setting_flags import DISCOVERY_FLAGS, setting_flags
+from proxy.serving.setting_flags import (
+    DISCOVERY_FLAGS,
+    discovery_flags,
+    fleet_flags,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,16 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--port", type=int, default=defaults.port, help=f"gRPC port (default {defaults.port})"
     )
-    p.add_argument(
-        "--backend",
-        action="append",
-        dest="backends",
-        metavar="URL",
-        help="a vLLM server's base URL; repeat for each engine",
-    )
-    p.add_argument("--policy", help="routing policy name (default least_requests)")
-    p.add_argument("--config", type=Path, help="YAML settings file (as `serve` reads it)")
-    p.add_argument("--log-level", help="critical|error|warning|info|debug")
+    fleet_flags(p)
     p.add_argument(
         "--fallbacks",
         type=int,
@@ -55,13 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the InferencePool's namespace (default: --discovery-namespace, else the pod's own, "
         "else default)",
     )
-    p.add_argument(
-        "--discovery-kubernetes",
-        action="store_const",
-        const=True,
-        help="find the engines as the Ready pods behind --discovery-label-selector",
-    )
-    setting_flags(p, DISCOVERY_FLAGS)
+    discovery_flags(p)
     shed = defaults.shedding
     p.add_argument(
         "--objective",

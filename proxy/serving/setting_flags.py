@@ -4,6 +4,7 @@ the settings, so a bad one is named the same way."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 # Pod discovery's settings, each a flag of its own name (`--discovery-namespace llm`).
@@ -29,3 +30,29 @@ def setting_flags(p: Any, names: tuple[str, ...]) -> None:
         p.add_argument(
             "--" + name.replace("_", "-"), dest=name, metavar="V", help=f"(default {default})"
         )
+
+
+def fleet_flags(p: Any) -> None:
+    """The engines, the routing and the settings file: the flags every subcommand that routes
+    over a fleet takes (`serve`, `epp`)."""
+    p.add_argument(
+        "--backend",
+        action="append",
+        dest="backends",
+        metavar="URL",
+        help="a vLLM server's base URL; repeat for each backend",
+    )
+    p.add_argument("--policy", help="routing policy name (default least_requests)")
+    p.add_argument("--config", type=Path, help="YAML settings file")
+    p.add_argument("--log-level", help="critical|error|warning|info|debug")
+
+
+def discovery_flags(p: Any) -> None:
+    """Pod discovery's switch and settings."""
+    p.add_argument(
+        "--discovery-kubernetes",
+        action="store_const",
+        const=True,
+        help="add and remove backends as Kubernetes pods come and go (docs/deploy.md)",
+    )
+    setting_flags(p, DISCOVERY_FLAGS)

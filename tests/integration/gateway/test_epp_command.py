@@ -9,13 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import httpx
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from simulator.fleet import start_fleet
-from tests.integration.gateway.test_ext_proc_stream import body_message, headers_message
+from tests.integration.gateway.test_ext_proc_stream import pick_once
 from tests.support.polling import eventually
 from tests.support.processes import free_port
 
@@ -58,13 +56,8 @@ async def test_the_epp_command_serves_ext_proc_and_pool_metrics_then_stops() -> 
                     return f'inference_pool_ready_pods{{name="{MODEL}"}} 2.0' in text
 
                 await eventually(pool_ready, within=30, what="the pool's engines ready")
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process()
-                await call.write(headers_message("/v1/completions"))
-                await call.read()
-                await call.write(body_message({"model": MODEL, "prompt": "hi", "max_tokens": 2}))
-                answer = await call.read()
-                await call.done_writing()
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            answer = await pick_once(port, body)
             picked = (
                 answer.dynamic_metadata.fields["envoy.lb"]
                 .struct_value.fields["x-gateway-destination-endpoint"]

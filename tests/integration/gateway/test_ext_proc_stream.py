@@ -82,6 +82,15 @@ async def exchange(stub: Any, *messages: Any) -> list[Any]:
     return answers
 
 
+async def pick_once(port: int, body: dict[str, Any]) -> Any:
+    """The picker's answer on 127.0.0.1:`port` to a completion with `body`, on a stream of
+    its own."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        _, answer = await exchange(stub, headers_message("/v1/completions"), body_message(body))
+    return answer
+
+
 def set_headers(common: Any) -> dict[str, str]:
     return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
 

@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import grpc
 import kmock
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from proxy.gateway.options import EppOptions
 from proxy.serving.epp import pool_settings, running_epp
 from simulator.fleet import start_fleet
-from tests.integration.gateway.test_ext_proc_stream import body_message, headers_message
+from tests.integration.gateway.test_ext_proc_stream import pick_once
 from tests.integration.test_discovery_kmock import kube, kubeconfig
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings
@@ -97,13 +95,8 @@ async def test_the_pools_pods_become_the_pickers_engines(emulator: str, tmp_path
                 "p1": fleet.urls[0],
                 "p2": fleet.urls[1],
             }
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}") as channel:
-                call = pb_grpc.ExternalProcessorStub(channel).Process()
-                await call.write(headers_message("/v1/completions"))
-                await call.read()
-                await call.write(body_message({"model": MODEL, "prompt": "hi", "max_tokens": 2}))
-                answer = await call.read()
-                await call.done_writing()
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            answer = await pick_once(epp.port, body)
             assert answer.WhichOneof("response") == "request_body"
 
 
