@@ -278,3 +278,40 @@ async def test_the_health_services_say_whether_the_picker_can_pick(fleet: SimFle
             return await health_of(epp.port, "readiness") == not_serving
 
         await eventually(not_ready, what="readiness NOT_SERVING")
+
+
+async def test_the_served_endpoint_the_gateway_reports_takes_the_accounting(
+    fleet: SimFleet,
+) -> None:
+    """After a fallback, the data plane names the engine that served (`envoy.lb` /
+    `x-gateway-destination-endpoint-served`): the request counts there, not on the primary."""
+    async with picker(fleet.urls, EppOptions(port=0, fallbacks=1)) as (stub, epp):
+        call = stub.Process()
+        await call.write(headers_message("/v1/completions"))
+        await call.read()
+        await call.write(body_message({"model": MODEL, "prompt": "hello", "max_tokens": 2}))
+        primary, fallback = destination_metadata(await call.read()).split(",")
+        by_address = {host_port(b.url): b for b in epp.core.fleet}
+        assert by_address[primary].load.in_flight == 1
+        served = pb.ProcessingRequest(
+            response_headers=pb.HttpHeaders(
+                headers=base_pb2.HeaderMap(
+                    headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")]
+                )
+            )
+        )
+        lb = struct_pb2.Struct()
+        lb.update({"x-gateway-destination-endpoint-served": fallback})
+        served.metadata_context.filter_metadata["envoy.lb"].CopyFrom(lb)
+        await call.write(served)
+        await call.read()
+        assert by_address[primary].load.in_flight == 0
+        assert by_address[fallback].load.in_flight == 1
+        await call.write(
+            pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+        )
+        await call.read()
+        await call.done_writing()
+        await eventually(
+            lambda: all(b.load.in_flight == 0 for b in epp.core.fleet), what="released"
+        )
