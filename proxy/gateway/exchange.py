@@ -108,9 +108,9 @@ class Exchange:
         dispatch.first_token()
         self._metrics.observe_ttft(pick.endpoint, pick.model, time.perf_counter() - self._arrived)
 
-    def end(self) -> None:
-        """The request is over, however it ended (its answer's end, the stream closed);
-        idempotent."""
+    def end(self, *, complete: bool = False) -> None:
+        """The request is over, however it ended: `complete`, its answer's end reached the
+        gateway; else the stream closed before it. Idempotent."""
         if self._ended:
             return
         self._ended = True
@@ -121,7 +121,7 @@ class Exchange:
         if pick is None:
             return
         # 499: the gateway closed the stream before the answer's end (its client left).
-        status = self._status if self._answered or self._status >= 400 else 499
+        status = self._status if complete else 499
         self._metrics.count_request(pick.endpoint or _endpoint_of(self.path), status, pick.model)
         if pick.endpoint:
             self._metrics.observe_duration(

@@ -65,7 +65,7 @@ class ExternalProcessor:
                     exchange.response_data()
                     yield self._go_on_response_body
                     if message.response_body.end_of_stream:
-                        exchange.end()
+                        exchange.end(complete=True)
                 elif kind == "request_headers":
                     self._read_headers(exchange, message)
                     if message.request_headers.end_of_stream:
@@ -86,12 +86,12 @@ class ExternalProcessor:
                     exchange.response_headers(_status(message.response_headers.headers))
                     yield self._go_on_response_headers
                     if message.response_headers.end_of_stream:
-                        exchange.end()
+                        exchange.end(complete=True)
                 elif kind == "request_trailers":
                     yield pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
                 elif kind == "response_trailers":
                     yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
-                    exchange.end()
+                    exchange.end(complete=True)
         finally:
             exchange.end()
 

@@ -119,6 +119,17 @@ async def test_completions_and_chat_streamed_and_not_through_envoy(tmp_path: Pat
             what="the picker's accounting released",
         )
         assert sum(b.load.dispatched_total for b in epp.core.fleet) == 4
+        prom = epp.core.prom
+        for endpoint in ("completions", "chat/completions"):
+            labels = {"endpoint": endpoint, "model": MODEL, "status": "200"}
+            assert prom.get_sample_value("fleet_proxy_requests_total", labels) == 2
+            assert (
+                prom.get_sample_value(
+                    "fleet_proxy_time_to_first_byte_seconds_count",
+                    {"endpoint": endpoint, "model": MODEL},
+                )
+                == 2
+            )
 
 
 async def test_prefix_aware_sends_a_repeated_prompt_to_the_same_engine(tmp_path: Path) -> None:

@@ -244,6 +244,8 @@ async def test_the_accounting_follows_the_answer_and_a_closed_stream_releases_it
         call.cancel()  # the gateway gave up on the request before its end
         await eventually(lambda: backend.load.in_flight == 0, what="the request released")
         assert backend.load.running_decodes == 0
+        labels = {"endpoint": "completions", "model": MODEL, "status": "499"}
+        assert epp.core.prom.get_sample_value("fleet_proxy_requests_total", labels) == 1
 
 
 async def health_of(port: int, service: str) -> int | None:
