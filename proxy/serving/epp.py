@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from grpc import aio
@@ -20,12 +21,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from fleet.changes import LocalChanges
-from proxy.control.discovery_loop import DiscoveryLoop, kubernetes_discovery
+from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.gateway.ext_proc import ExternalProcessor
 from proxy.gateway.options import EppOptions
 from proxy.gateway.picking import EndpointPicker
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.serving.pool_follower import PoolFollower
 
 log = logging.getLogger("fleet_proxy.gateway")
 
@@ -43,58 +47,35 @@ class RunningEpp:
     core: ProxyCore
 
 
-async def pool_settings(settings: Settings, options: EppOptions) -> Settings:
-    """The settings with pod discovery of the InferencePool `options.pool_name` names: its
-    selector's pods, on its target port. Read once, at start-up; without a pool, unchanged."""
-    if options.pool_name is None:
-        return settings
-    # Here, not at the top: only a picker of an InferencePool loads the Kubernetes client.
-    from fleet.inference_pool import GROUP, PLURAL, VERSION, pool_target
-    from fleet.kube_client import in_cluster_namespace, kube_api
-
-    namespace = (
-        options.pool_namespace
-        or settings.discovery_namespace
-        or in_cluster_namespace()
-        or "default"
-    )
-    async with kube_api(kubeconfig=settings.discovery_kubeconfig) as api:
-        pool = await api.get_custom_object(GROUP, VERSION, namespace, PLURAL, options.pool_name)
-    target = pool_target(pool)
-    log.info(
-        "InferencePool %s/%s: pods %s, port %d",
-        namespace,
-        options.pool_name,
-        target.selector,
-        target.port,
-    )
-    return settings.model_copy(
-        update={
-            "discovery_kubernetes": True,
-            "discovery_namespace": namespace,
-            "discovery_label_selector": target.selector,
-            "discovery_port": target.port,
-        }
-    )
-
-
 @contextlib.asynccontextmanager
 async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[RunningEpp]:
     """The picker listening on `options.port` (0: a free one), its fleet scraped; with pod
     discovery (`discovery_kubernetes`, or an InferencePool), its engines found as pods."""
-    settings = await pool_settings(settings, options)
     core = ProxyCore(settings)
     async with contextlib.AsyncExitStack() as stack:
-        discovery: DiscoveryLoop | None = None
-        if settings.discovery_kubernetes:
-            # First: a Kubernetes client that cannot be configured stops start-up at once.
-            discovery = await stack.enter_async_context(
+        # First: a Kubernetes client that cannot be configured, or a pool that cannot be read,
+        # stops start-up at once.
+        discover: Callable[[], Coroutine[Any, Any, None]] | None = None
+        if options.pool_name is not None:
+            follower = await _pool_follower(stack, core, options.pool_name, options)
+            target = await follower.read()
+            log.info(
+                "InferencePool %s/%s: pods %s, port %d",
+                follower.namespace,
+                follower.name,
+                target.selector,
+                target.port,
+            )
+            discover = partial(follower.run, target)
+        elif settings.discovery_kubernetes:
+            loop = await stack.enter_async_context(
                 kubernetes_discovery(core, LocalChanges(core.fleet))
             )
+            discover = loop.run
         await core.start()
         stack.push_async_callback(core.stop)
-        if discovery is not None:
-            task = asyncio.create_task(discovery.run(), name="discovery")
+        if discover is not None:
+            task = asyncio.create_task(discover(), name="discovery")
             stack.push_async_callback(_cancelled, task)
         server: Any = aio.server()
         health: Any = health_aio.HealthServicer()
@@ -126,6 +107,26 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
             stack.callback(metrics_server.server_close)
             stack.callback(metrics_server.shutdown)
         yield RunningEpp(port, core)
+
+
+async def _pool_follower(
+    stack: contextlib.AsyncExitStack[Any], core: ProxyCore, name: str, options: EppOptions
+) -> PoolFollower:
+    """The follower of the InferencePool `name`, its API client open for as long as `stack`."""
+    # Here, not at the top: only a picker of an InferencePool loads the Kubernetes client.
+    from fleet.kube_client import in_cluster_namespace, kube_api
+    from proxy.serving.pool_follower import PoolFollower
+
+    settings = core.settings
+    namespace = (
+        options.pool_namespace
+        or settings.discovery_namespace
+        or in_cluster_namespace()
+        or "default"
+    )
+    api = await stack.enter_async_context(kube_api(kubeconfig=settings.discovery_kubeconfig))
+    changes = LocalChanges(core.fleet)
+    return PoolFollower(api, namespace, name, core, changes, options.pool_poll_s)
 
 
 async def _readiness(core: ProxyCore, health: Any) -> None:

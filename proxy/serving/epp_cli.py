@@ -42,7 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pool-name",
         help="find the engines as the pods of this InferencePool (its selector, its target "
-        "port), read at start-up (default none: --backend, or pod discovery's settings)",
+        "port) (default none: --backend, or pod discovery's settings)",
+    )
+    p.add_argument(
+        "--pool-poll-seconds",
+        type=float,
+        default=defaults.pool_poll_s,
+        help="how often the InferencePool is read again for a changed selector or port "
+        f"(default {defaults.pool_poll_s:g})",
     )
     p.add_argument(
         "--pool-namespace",
@@ -96,6 +103,9 @@ def main(argv: list[str]) -> int:
     if args.fallbacks < 0:
         print("fleet-proxy: --fallbacks must be 0 or more", file=sys.stderr)
         return 2
+    if args.pool_poll_seconds <= 0:
+        print("fleet-proxy: --pool-poll-seconds must be more than 0", file=sys.stderr)
+        return 2
     try:
         priorities = parse_objectives(args.objective)
     except ValueError as e:
@@ -121,6 +131,7 @@ def main(argv: list[str]) -> int:
         shedding,
         args.pool_name,
         args.pool_namespace,
+        args.pool_poll_seconds,
     )
     try:
         asyncio.run(serve_epp(settings, options))

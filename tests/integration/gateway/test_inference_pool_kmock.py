@@ -16,7 +16,7 @@ import kmock
 import pytest
 
 from proxy.gateway.options import EppOptions
-from proxy.serving.epp import pool_settings, running_epp
+from proxy.serving.epp import running_epp
 from simulator.fleet import start_fleet
 from tests.integration.gateway.test_ext_proc_stream import pick_once
 from tests.integration.test_discovery_kmock import kube, kubeconfig
@@ -80,10 +80,6 @@ async def test_the_pools_pods_become_the_pickers_engines(emulator: str, tmp_path
         await kube("POST", base + PODS, pod("p2", port2))
         settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
         options = EppOptions(port=0, pool_name="vllm-pool", pool_namespace=NS)
-        resolved = await pool_settings(settings, options)
-        assert resolved.discovery_kubernetes
-        assert resolved.discovery_label_selector == "app=vllm,tier=gpu"
-        assert resolved.discovery_port == port1
         async with running_epp(settings, options) as epp:
             core = epp.core
             await eventually(
@@ -106,5 +102,41 @@ async def test_a_pool_without_a_selector_stops_start_up(emulator: str, tmp_path:
     del broken["spec"]["selector"]
     await kube("POST", base + POOLS, broken)
     settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
+    options = EppOptions(port=0, pool_name="broken", pool_namespace=NS)
     with pytest.raises(ValueError, match="matchLabels"):
-        await pool_settings(settings, EppOptions(port=0, pool_name="broken", pool_namespace=NS))
+        async with running_epp(settings, options):
+            pass
+
+
+async def test_a_change_of_the_pools_port_moves_its_engines(emulator: str, tmp_path: Path) -> None:
+    """The pool is read again: its pods, on the new target port, replace the old engines."""
+    base = emulator
+    async with await start_fleet(2, speed=20.0) as fleet:
+        port1, port2 = (urlsplit(u).port or 0 for u in fleet.urls)
+        await kube("POST", base + POOLS, pool("vllm-pool", port1))
+        await kube("POST", base + PODS, pod("p1", None))
+        settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
+        options = EppOptions(port=0, pool_name="vllm-pool", pool_namespace=NS, pool_poll_s=0.1)
+        async with running_epp(settings, options) as epp:
+            core = epp.core
+
+            def p1_at(url: str) -> bool:
+                backend = core.fleet.get("p1")
+                return (
+                    backend is not None
+                    and backend.url == url
+                    and bool(core.fleet.candidates(MODEL, core.clock.now()))
+                )
+
+            await eventually(lambda: p1_at(fleet.urls[0]), within=30, what="p1 on port 1")
+            await kube(
+                "PATCH", base + POOLS + "/vllm-pool", {"spec": {"targetPorts": [{"number": port2}]}}
+            )
+            await eventually(lambda: p1_at(fleet.urls[1]), within=30, what="p1 on port 2")
+            answer = await pick_once(epp.port, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            picked = (
+                answer.dynamic_metadata.fields["envoy.lb"]
+                .struct_value.fields["x-gateway-destination-endpoint"]
+                .string_value
+            )
+            assert picked == f"127.0.0.1:{port2}"
