@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 
 from proxy.gateway.options import EppOptions
 from proxy.serving.epp import RunningEpp, running_epp
@@ -33,6 +34,7 @@ from tests.support.servers import fast_settings
 
 MODEL = "sim-llama-8b"
 ENVOY = envoy_binary()
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = [
     pytest.mark.slow,
@@ -361,3 +363,34 @@ async def test_precise_prefix_routing_follows_the_engines_kv_events(tmp_path: Pa
                 await client.close()
             tokens = core.prompt_tokens
             assert tokens is not None and tokens.failures == 0 and tokens.tokenized >= 3
+
+
+async def test_the_example_envoy_configuration_works_as_shipped(tmp_path: Path) -> None:
+    """examples/envoy-epp.yaml, its ports made free ones and its picker's the test's: Envoy
+    takes it and it routes through the picker."""
+    assert ENVOY is not None
+    example = yaml.safe_load((ROOT / "examples" / "envoy-epp.yaml").read_text())
+    example["admin"]["address"]["socket_address"]["port_value"] = 0
+    resources = example["static_resources"]
+    resources["listeners"][0]["address"]["socket_address"]["port_value"] = 0
+    (epp_cluster,) = [c for c in resources["clusters"] if c["name"] == "epp"]
+    endpoint = epp_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    async with (
+        await start_fleet(2, speed=20.0) as fleet,
+        running_epp(fast_settings(fleet.urls), EppOptions(port=0)) as epp,
+    ):
+        core = epp.core
+        await eventually(
+            lambda: len(core.fleet.candidates(MODEL, core.clock.now())) == 2,
+            within=30,
+            what="the picker's engines scraped",
+        )
+        endpoint["address"]["socket_address"]["port_value"] = epp.port
+        async with running_envoy(ENVOY, example, tmp_path) as envoy:
+            client = sdk(envoy)
+            chat = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert chat.usage is not None and chat.usage.completion_tokens == 4
+            await client.close()
+        assert sum(b.load.dispatched_total for b in core.fleet) == 1
