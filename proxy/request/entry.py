@@ -18,20 +18,12 @@ from typing import Any, Protocol
 
 import orjson
 
-from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import RequestLog, RequestServices
-from proxy.request.body import (
-    chat_prompt,
-    completion_prompt,
-    is_stream,
-    messages_prompt,
-    parse_object,
-    require_model,
-)
 from proxy.request.body_budget import BodyBudget, no_room
+from proxy.request.context import ContextReader
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
 from proxy.request.routes import HOT_ROUTES
@@ -109,16 +101,12 @@ class Forwarder:
         self._authorize = authorize
         self.settings = core.settings
         self.legs = LegServices(core)
-        self._chars_per_token = core.settings.chars_per_token
+        self._contexts = ContextReader(core.settings, debug=core.settings.debug_receipts)
         self._watchers: set[asyncio.Task[None]] = set()
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
-        self._debug = core.settings.debug_receipts
         self._request_log: RequestLog | None = core.request_log
         self._aliases = dict(core.settings.model_aliases) or None
-        # What names a request's session for session-affinity routing.
-        self._session_header = core.settings.session_header
-        self._session_field = core.settings.session_body_field
         self._drop = _DROP_REQUEST_HEADERS
         self._max_forwarded_header_bytes = core.settings.max_forwarded_header_bytes
         if not core.settings.forward_client_authorization:
@@ -167,7 +155,7 @@ class Forwarder:
                         raise refusal
                 body = await self._read_body(receive, headers)
                 held = len(body)
-                ctx = self._context(endpoint, generates, body, headers, request_id)
+                ctx = self._contexts.read(endpoint, generates, body, headers, request_id)
                 if self._aliases is not None:
                     body = self._dealias(ctx, body, self._aliases)
                 model = ctx.model
@@ -288,53 +276,6 @@ class Forwarder:
     def _no_room_for(self, size: int) -> ProxyError:
         self.core.metrics.body_budget_refusals.inc()
         return no_room(self._bodies, size)
-
-    def _context(
-        self,
-        endpoint: str,
-        generates: bool,
-        body: bytes,
-        headers: dict[str, str],
-        request_id: str,
-    ) -> RequestContext:
-        parsed = parse_object(body)
-        model = require_model(parsed)
-        token_count: int | None = None
-        if endpoint == "completions":
-            text, token_count = completion_prompt(parsed)
-        elif endpoint == "chat/completions":
-            text = chat_prompt(parsed)
-        elif endpoint == "messages":
-            text = messages_prompt(parsed)
-        elif endpoint == "messages/count_tokens":
-            # Checked as a Messages request is, but no routing text: counting computes no
-            # KV, so a prefix index must not learn that its engine holds the prompt.
-            messages_prompt(parsed)
-            text = ""
-        else:
-            text = ""
-        stream = is_stream(parsed) if generates else False
-        is_ids = token_count is not None
-        if token_count is None:
-            token_count = estimate_tokens(text, self._chars_per_token)
-        session_id = headers.get(self._session_header) if self._session_header else None
-        if session_id is None and self._session_field:
-            value = parsed.get(self._session_field)
-            session_id = value if isinstance(value, str) else None
-        return RequestContext(
-            request_id=request_id,
-            endpoint=endpoint,
-            model=model,
-            body=parsed,
-            headers=headers,
-            stream=stream,
-            prompt_text=text,
-            prompt_tokens=token_count,
-            session_id=session_id,
-            program_id=headers.get("x-program-id") or session_id,
-            debug=self._debug and headers.get("x-fleet-debug") == "1",
-            prompt_is_token_ids=is_ids,
-        )
 
     async def _serve(self, receive: Receive, session: RequestSession) -> int:
         watch = _Watch()

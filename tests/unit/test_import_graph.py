@@ -28,8 +28,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "ports": frozenset({"stream", "leaves", "backends"}),
     "request": frozenset({"stream", "leaves", "backends", "ports", "request"}),
     "control": frozenset({"stream", "leaves", "backends", "ports", "request", "control"}),
+    "gateway": frozenset({"stream", "leaves", "backends", "ports", "request", "gateway"}),
     "serving": frozenset(
-        {"stream", "leaves", "backends", "ports", "request", "control", "serving"}
+        {"stream", "leaves", "backends", "ports", "request", "control", "gateway", "serving"}
     ),
 }
 COMPOSITION_ROOT = "proxy.serving"
