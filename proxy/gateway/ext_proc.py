@@ -63,9 +63,11 @@ class ExternalProcessor:
                 kind = message.WhichOneof("request")
                 if kind == "response_body":
                     exchange.response_data()
-                    yield self._go_on_response_body
+                    # Ended before the answer to Envoy: once it has the last answer it may close
+                    # the stream, and this generator is then closed at its `yield`.
                     if message.response_body.end_of_stream:
                         exchange.end(complete=True)
+                    yield self._go_on_response_body
                 elif kind == "request_headers":
                     self._read_headers(exchange, message)
                     if message.request_headers.end_of_stream:
@@ -84,14 +86,14 @@ class ExternalProcessor:
                 elif kind == "response_headers":
                     self._served(exchange, message)
                     exchange.response_headers(_status(message.response_headers.headers))
-                    yield self._go_on_response_headers
                     if message.response_headers.end_of_stream:
                         exchange.end(complete=True)
+                    yield self._go_on_response_headers
                 elif kind == "request_trailers":
                     yield pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
                 elif kind == "response_trailers":
-                    yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
                     exchange.end(complete=True)
+                    yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
         finally:
             exchange.end()
 
