@@ -158,7 +158,13 @@ class LeastAttainedService:
         return dict(self._attained)
 
 
+# The policies by the names `flow_control` configures them with: fairness built per band,
+# ordering once, given the starvation threshold.
 FAIRNESS: dict[str, Callable[[], Fairness]] = {
     RoundRobin.name: RoundRobin,
     TokenWeighted.name: TokenWeighted,
+}
+ORDERING: dict[str, Callable[[float], Ordering]] = {
+    FirstComeFirstServed.name: lambda _threshold: FirstComeFirstServed(),
+    LeastAttainedService.name: LeastAttainedService,
 }

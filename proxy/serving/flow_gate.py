@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,18 +27,14 @@ from prometheus_client.registry import Collector
 from flowcontrol.config import FlowControlConfig
 from flowcontrol.core import BAND_FULL, TENANT_FULL, TTL_EXPIRED, BandLimits, FlowQueues, Reject
 from flowcontrol.identity import Identify
-from flowcontrol.policies import (
-    FAIRNESS,
-    FirstComeFirstServed,
-    LeastAttainedService,
-    Ordering,
-    Waiting,
-)
+from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, Waiting
 from flowcontrol.saturation import EndpointSignals, pool_saturation
 from policies.policy import RequestContext
 from proxy.asgi import Receive
 from proxy.errors import ProxyError
 from proxy.ports import FlowTicket, RequestServices
+
+log = logging.getLogger("fleet_proxy.flow_control")
 
 # A request's way out of the queue: the `outcome` label of the queue-duration histogram,
 # with llm-d's names.
@@ -67,11 +64,7 @@ class FlowGate:
         self._identify = Identify(config)
         self._thresholds = config.saturation.thresholds(core.settings.scrape_interval)
         self._fairness = FAIRNESS[config.fairness]
-        self.ordering: Ordering = (
-            LeastAttainedService(config.starvation_threshold)
-            if config.ordering == "las"
-            else FirstComeFirstServed()
-        )
+        self.ordering: Ordering = ORDERING[config.ordering](config.starvation_threshold)
         self.pools: dict[str, FlowQueues] = {}
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._unbound: dict[str, int] = {}  # dispatched, not yet routed, per pool
@@ -203,7 +196,11 @@ class FlowGate:
         interval = self._config.recheck_interval
         while self._waiters:
             wake.clear()
-            self._cycle()
+            try:
+                self._cycle()
+            except Exception:
+                # The queue must keep moving (or expiring): the next cycle tries again.
+                log.exception("flow control's dispatch cycle failed")
             if self._waiters:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), interval)

@@ -108,11 +108,14 @@ class Scene:
 
 @contextlib.asynccontextmanager
 async def saturated(fleet: SimFleet, **settings: Any) -> AsyncIterator[Scene]:
+    """With `api_keys`, the blocker sends the first key."""
     flow = settings.pop("flow_control", FLOW)
+    keys = settings.get("api_keys")
+    auth = {} if not keys else {"authorization": f"Bearer {keys[0]['key']}"}
     async with (
         running_proxy(fast_settings(fleet.urls, flow_control=flow, **settings)) as (url, app),
         httpx.AsyncClient(base_url=url, timeout=60) as c,
-        httpx.AsyncClient(base_url=url, timeout=60) as blocking,
+        httpx.AsyncClient(base_url=url, timeout=60, headers=auth) as blocking,
     ):
         yield Scene(app, c, await blocker(blocking, app))
 
@@ -233,3 +236,22 @@ async def test_past_its_ttl_a_sheddable_request_gets_429_and_a_normal_one_503(on
 async def test_off_by_default(one_at_a_time):
     async with running_proxy(fast_settings(one_at_a_time.urls)) as (_, app):
         assert app.flow is None
+
+
+async def test_the_tenant_an_api_key_names_wins_over_the_header(one_at_a_time):
+    keys = [{"key": "team-a-key", "tenant": "team-a"}, "plain-key"]
+    async with saturated(one_at_a_time, api_keys=keys) as scene:
+        app, c, f = scene.app, scene.client, scene.finishes
+        as_a = {"authorization": "Bearer team-a-key", "x-gateway-fairness-id": "someone-else"}
+        plain = {"authorization": "Bearer plain-key", "x-gateway-fairness-id": "team-b"}
+        f.send("first", as_a)
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        f.send("a", as_a)
+        f.send("b", plain)
+        await eventually(lambda: queued(app) == 2, what="two requests queued")
+        view = (await c.get("/admin/flow")).json()
+        assert view["enabled"] and view["fairness"] == "round_robin"
+        tenants = view["pools"][DEFAULT_MODEL]["bands"][0]["tenants"]
+        assert sorted(tenants) == ["team-a", "team-b"]
+        await release(scene.held)
+        assert [r.status_code for r in await f.all()] == [200, 200, 200]
