@@ -75,6 +75,10 @@ class FlowControlConfig(BaseModel):
     # While requests wait, how often the pool is checked again even when nothing finished
     # (scrapes change it too).
     recheck_interval: float = Field(0.05, gt=0, le=5, allow_inf_nan=False)
+    # Suspend a running sheddable stream (movable_requests) while a request of a higher band
+    # waits on its saturated pool: it is cut after the tokens its client has, queued again in
+    # its band, and continued token-exact when dispatched.
+    preemption: bool = False
     # What a refused client is told to wait (seconds) before it tries again.
     retry_after: int = Field(1, ge=0)
 

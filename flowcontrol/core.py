@@ -155,6 +155,13 @@ class FlowQueues:
             self._order = sorted(self._bands, reverse=True)
         return band
 
+    def top_priority(self) -> int | None:
+        """The highest band with requests waiting; None when none waits."""
+        for priority in self._order:
+            if self._bands[priority].count:
+                return priority
+        return None
+
     def depths(self) -> dict[tuple[int, str], int]:
         """Requests waiting per (priority, tenant)."""
         return {(p, t): len(q) for p, band in self._bands.items() for t, q in band.tenants.items()}

@@ -48,6 +48,7 @@ class FlowTicket(NamedTuple):
     priority: int
     waited: float  # seconds in the flow-control queue (0: dispatched at once)
     program: str | None
+    key: int = 0  # which admission this is, unique in its process
 
 
 class FlowControl(Protocol):

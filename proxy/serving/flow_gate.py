@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -72,6 +73,12 @@ class FlowGate:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
         self._waited: Histogram | None = None
+        self._preempted: Counter | None = None
+        # Preemption: per pool, the sheddable streams it let through, by ticket key; the
+        # suspension under way per pool (one at a time), and the keys suspended now.
+        self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
+        self._suspending: dict[str, asyncio.Task[Any]] = {}
+        self._suspended: set[int] = set()
         if registry is not None:
             self._bind_metrics(registry)
 
@@ -97,36 +104,15 @@ class FlowGate:
         ):
             self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
             self._observe(who.priority, model, DISPATCHED, 0.0)
-            return FlowTicket(who.tenant, who.priority, 0.0, ctx.program_id)
-        if pool is None:
-            pool = self.pools[model] = FlowQueues(self._limits, self._fairness, self.ordering)
-        w = Waiting(
-            next(self._seq),
-            who.tenant,
-            who.priority,
-            ctx.program_id,
-            ctx.prompt_tokens,
-            now,
-            pool.deadline(who.priority, now),
-        )
-        refused = pool.offer(w)
-        if refused is not None:
-            self._observe(w.priority, model, OUTCOMES[refused.reason], 0.0)
-            raise self._refusal(w, refused.reason)
-        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[w.seq] = slot
-        self._kick()
+            ticket = FlowTicket(who.tenant, who.priority, 0.0, ctx.program_id, next(self._seq))
+            return self._admitted(ctx, ticket)
+        pool, w = self._waiting(model, who.tenant, who.priority, ctx, now)
+        slot = self._enqueue(pool, w, model)
         left = asyncio.ensure_future(_client_leaves(receive))
         try:
             await asyncio.wait((slot, left), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            del self._waiters[w.seq]
-            dispatched = slot.done() and not slot.cancelled() and slot.exception() is None
-            if not slot.done():
-                slot.cancel()
-                pool.remove(w)
-            if dispatched:
-                self._bound(model)
+            dispatched = self._leave(pool, w, model, slot)
             if not left.done():
                 left.cancel()
         waited = self._core.clock.now() - w.arrived
@@ -138,9 +124,51 @@ class FlowGate:
         if error is not None:
             raise error
         self._observe(w.priority, model, DISPATCHED, waited)
-        return FlowTicket(w.tenant, w.priority, waited, w.program)
+        return self._admitted(ctx, FlowTicket(w.tenant, w.priority, waited, w.program, w.seq))
+
+    def _waiting(
+        self, model: str, tenant: str, priority: int, ctx: RequestContext, now: float
+    ) -> tuple[FlowQueues, Waiting]:
+        """The pool of `model` (made on its first queued request) and the request to queue."""
+        pool = self.pools.get(model)
+        if pool is None:
+            pool = self.pools[model] = FlowQueues(self._limits, self._fairness, self.ordering)
+        deadline = pool.deadline(priority, now)
+        seq = next(self._seq)
+        return pool, Waiting(
+            seq, tenant, priority, ctx.program_id, ctx.prompt_tokens, now, deadline
+        )
+
+    def _enqueue(self, pool: FlowQueues, w: Waiting, model: str) -> asyncio.Future[None]:
+        """Queue `w`: the future the dispatch loop resolves (or fails with the refusal)."""
+        refused = pool.offer(w)
+        if refused is not None:
+            self._observe(w.priority, model, OUTCOMES[refused.reason], 0.0)
+            raise self._refusal(w, refused.reason)
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[w.seq] = slot
+        self._kick()
+        return slot
+
+    def _leave(self, pool: FlowQueues, w: Waiting, model: str, slot: asyncio.Future[None]) -> bool:
+        """`w` stops waiting (dispatched, refused, or its client gone); whether dispatched."""
+        del self._waiters[w.seq]
+        dispatched = slot.done() and not slot.cancelled() and slot.exception() is None
+        if not slot.done():
+            slot.cancel()
+            pool.remove(w)
+        if dispatched:
+            self._bound(model)
+        return dispatched
+
+    def _admitted(self, ctx: RequestContext, ticket: FlowTicket) -> FlowTicket:
+        if self._config.preemption and ticket.priority < 0 and ctx.stream:
+            self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
+        return ticket
 
     def done(self, ticket: FlowTicket, completion_tokens: int | None) -> None:
+        if self._sheddable:
+            self._forget_sheddable(ticket.key)
         if completion_tokens:
             self.ordering.credit(ticket.program, completion_tokens)
         if self._waiters:
@@ -213,6 +241,8 @@ class FlowGate:
                     del self.pools[model]  # recreated on its next queued request
                 continue
             full = self._unbound.get(model, 0) > 0 or self.saturation(model, now) >= 1.0
+            if full and self._sheddable.get(model) and model not in self._suspending:
+                self._preempt(model, pool)
             for action in pool.decide(full, now):
                 slot = self._waiters.get(action.request.seq)
                 if slot is None or slot.done():
@@ -224,6 +254,66 @@ class FlowGate:
                 else:
                     self._unbound[model] = self._unbound.get(model, 0) + 1
                     slot.set_result(None)
+
+    # --- preemption
+
+    def _preempt(self, model: str, pool: FlowQueues) -> None:
+        """Suspend the latest sheddable stream of a lower band than the highest one waiting."""
+        top = pool.top_priority()
+        if top is None:
+            return
+        running = [
+            (t, ctx)
+            for t, ctx in self._sheddable[model].values()
+            if t.priority < top and t.key not in self._suspended
+        ]
+        # The lowest band first; in it the latest to start, which has the least to lose.
+        for ticket, ctx in sorted(running, key=lambda r: (r[0].priority, -r[0].key)):
+            entries = self._core.live.find(ctx.request_id)
+            if len(entries) != 1:
+                continue  # a request id shared by several clients: not this one to guess
+            entry = entries[0]
+            if not entry.running or entry.movable_reason(planned=True):
+                continue
+            self._suspended.add(ticket.key)
+
+            async def hold(ticket: FlowTicket = ticket, ctx: RequestContext = ctx) -> None:
+                await self._requeue(model, ticket, ctx)
+
+            task = asyncio.create_task(entry.move(None, "preempted", kind="recompute", hold=hold))
+            self._suspending[model] = task
+            task.add_done_callback(functools.partial(self._suspension_over, model, ticket.key))
+            if self._preempted is not None:
+                self._preempted.labels(model).inc()
+            log.info("request %s suspended for a priority %d request", ctx.request_id, top)
+            return
+
+    async def _requeue(self, model: str, ticket: FlowTicket, ctx: RequestContext) -> None:
+        """A suspended stream waits in its band again; raises the refusal (TTL, capacity)."""
+        self._suspending.pop(model, None)  # cut: the pool may suspend another now
+        now = self._core.clock.now()
+        pool, w = self._waiting(model, ticket.tenant, ticket.priority, ctx, now)
+        slot = self._enqueue(pool, w, model)
+        try:
+            await asyncio.shield(slot)  # a cancellation leaves it to _leave to dequeue
+        finally:
+            self._leave(pool, w, model, slot)
+            self._suspended.discard(ticket.key)
+        self._observe(w.priority, model, DISPATCHED, self._core.clock.now() - now)
+
+    def _suspension_over(self, model: str, key: int, task: asyncio.Task[Any]) -> None:
+        if self._suspending.get(model) is task:
+            del self._suspending[model]
+        self._suspended.discard(key)
+        if not task.cancelled():
+            task.exception()  # NotMovable (it ended or moved meanwhile): nothing to do
+
+    def _forget_sheddable(self, key: int) -> None:
+        for model, running in list(self._sheddable.items()):
+            if running.pop(key, None) is not None:
+                if not running:
+                    del self._sheddable[model]
+                return
 
     def _refusal(self, w: Waiting, reason: str) -> ProxyError:
         if reason == TTL_EXPIRED:
@@ -257,6 +347,12 @@ class FlowGate:
             "Seconds a request spent in the flow-control queue, by how it left (outcome)",
             ["priority", "outcome", "model_name"],
             buckets=(0.0, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf),
+            registry=registry,
+        )
+        self._preempted = Counter(
+            "fleet_proxy_flow_control_preemptions",
+            "Sheddable streams suspended for a higher band's waiting request",
+            ["model_name"],
             registry=registry,
         )
         registry.register(_FlowCollector(self))

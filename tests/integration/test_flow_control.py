@@ -255,3 +255,62 @@ async def test_the_tenant_an_api_key_names_wins_over_the_header(one_at_a_time):
         assert sorted(tenants) == ["team-a", "team-b"]
         await release(scene.held)
         assert [r.status_code for r in await f.all()] == [200, 200, 200]
+
+
+async def read_stream(
+    client: httpx.AsyncClient,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    on_event: Any = None,
+    after: int = 5,
+) -> tuple[str, list[dict[str, Any]]]:
+    """A streamed completion's text and its events; `on_event()` is awaited once `after`
+    events came."""
+    text: list[str] = []
+    events: list[dict[str, Any]] = []
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            events.append(event)
+            text += [c.get("text") or "" for c in event.get("choices", [])]
+            if on_event is not None and len(events) == after:
+                await on_event()
+    return "".join(text), events
+
+
+async def test_preemption_suspends_a_sheddable_stream_and_resumes_it_token_exact(
+    one_at_a_time,
+):
+    # Any request on the engine fills the pool (its KV cache is over a tiny threshold), so the
+    # critical request queues while the sheddable stream runs.
+    saturation = {"queue_depth_threshold": 1, "kv_cache_util_threshold": 1e-6}
+    flow = {**FLOW, "preemption": True, "saturation": saturation}
+    settings = fast_settings(one_at_a_time.urls, flow_control=flow)
+    long_body = {**body(300), "stream": True}
+    batch = {"x-gateway-inference-objective": "batch"}
+    critical = {"x-gateway-inference-objective": "critical"}
+    async with (
+        running_proxy(settings) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=120) as c,
+    ):
+        reference, _ = await read_stream(c, long_body, batch)  # alone: never suspended
+        await eventually(lambda: engine_running(app) == 0, what="the engine idle again")
+        others: list[asyncio.Task[httpx.Response]] = []
+
+        async def crowd_in() -> None:
+            await eventually(lambda: engine_running(app) == 1, what="a scrape of the stream")
+            others.append(
+                asyncio.create_task(c.post("/v1/completions", json=body(), headers=critical))
+            )
+
+        text, events = await read_stream(c, long_body, batch, crowd_in)
+        assert others[0].done()  # answered before the stream resumed
+        assert others[0].result().status_code == 200
+        assert not [e for e in events if "error" in e]
+        assert text == reference
+        metrics = (await c.get("/metrics")).text
+        preempted = f'fleet_proxy_flow_control_preemptions_total{{model_name="{DEFAULT_MODEL}"}}'
+        assert metric(metrics, preempted) == 1
