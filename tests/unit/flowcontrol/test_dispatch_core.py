@@ -209,3 +209,13 @@ def test_a_removed_request_is_never_dispatched() -> None:
     assert not qs.q.remove(gone)
     assert qs.drain() == [kept]
     assert qs.q.depths() == {}
+
+
+def test_the_top_priority_is_the_highest_band_with_requests_waiting() -> None:
+    qs = Queues()
+    assert qs.q.top_priority() is None
+    qs.add("a", -1)
+    high = qs.add("b", 3)
+    assert qs.q.top_priority() == 3
+    assert qs.q.remove(high)
+    assert qs.q.top_priority() == -1

@@ -134,3 +134,10 @@ def test_a_key_may_name_its_tenant_in_the_settings_and_the_keys_file(tmp_path: P
 def test_api_keys_with_tenants_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_PROXY_API_KEYS", '["k-1", {"key": "k-2", "tenant": "t"}]')
     assert load_settings({}).client_keys() == [("k-1", None), ("k-2", "t")]
+
+
+def test_a_keys_file_line_naming_no_tenant_stops_start_up(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("good-key\nother-key tenant=\n")
+    with pytest.raises(ValueError, match="line 2: `tenant=` names no tenant"):
+        client_keys([], keys_file)
