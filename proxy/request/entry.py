@@ -201,7 +201,7 @@ class Forwarder:
                     ctx.prompt_tokens = await tokens.count(
                         ctx.prompt_text, model, endpoint, ctx.body
                     )
-                if self._flow is not None:
+                if self._flow is not None and generates:
                     # Last before routing, with no await after it: a request dispatched from
                     # the queue is routed (and charged) with the fleet as it is then.
                     ticket = await self._flow.admit(ctx, receive)

@@ -191,6 +191,9 @@ async def test_a_queued_client_that_leaves_is_removed_at_once(one_at_a_time):
             gone = asyncio.create_task(leaving.post("/v1/completions", json=body()))
             await eventually(lambda: queued(app) == 1, what="one request queued")
             assert metric((await c.get("/metrics")).text, waiting) == 1
+            # Only generation waits: a tokenize request is served at once.
+            tokenized = await c.post("/tokenize", json={"model": DEFAULT_MODEL, "prompt": "hi"})
+            assert tokenized.status_code == 200 and queued(app) == 1
             gone.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await gone
