@@ -71,9 +71,12 @@ class Finishes:
         self.order: list[str] = []
         self.tasks: list[asyncio.Task[httpx.Response]] = []
 
-    def send(self, label: str, headers: dict[str, str], max_tokens: int = 4) -> None:
+    def send(
+        self, label: str, headers: dict[str, str], request: dict[str, Any] | None = None
+    ) -> None:
         async def one() -> httpx.Response:
-            r = await self.client.post("/v1/completions", json=body(max_tokens), headers=headers)
+            json = request if request is not None else body()
+            r = await self.client.post("/v1/completions", json=json, headers=headers)
             self.order.append(label)
             return r
 
@@ -178,6 +181,30 @@ async def test_a_noisy_tenant_does_not_starve_a_quiet_one(one_at_a_time, tmp_pat
     served = [e for e in lines if e["status"] == 200]
     assert sorted(e["tenant"] for e in served) == ["noisy"] * 7 + ["quiet"] * 2
     assert all(e["priority"] == 0 and e["queue_wait_ms"] >= 0 for e in served)
+
+
+async def test_token_weighted_fairness_counts_prompt_tokens_not_requests(one_at_a_time):
+    flow = {**FLOW, "fairness": "token_weighted"}
+    long_prompt = {**body(), "prompt": "A long document to summarise. " * 250}  # ~7.5k chars
+    async with saturated(one_at_a_time, flow_control=flow) as scene:
+        app, f = scene.app, scene.finishes
+        big = {"x-gateway-fairness-id": "big"}
+        small = {"x-gateway-fairness-id": "small"}
+        f.send("big0", big, long_prompt)
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        for i in range(1, 4):
+            f.send(f"big{i}", big, long_prompt)
+        await eventually(lambda: queued(app) == 3, what="the big prompts queued")
+        for i in range(4):
+            f.send(f"small{i}", small)
+        await eventually(lambda: queued(app) == 7, what="the small prompts queued")
+        await release(scene.held)
+        assert [r.status_code for r in await f.all()] == [200] * 8
+        # One big prompt weighs more than all the small ones: they all pass before the next.
+        # (Round robin would alternate: big1, small0, big2, small1, ...)
+        assert f.order == [
+            "big0", "big1", "small0", "small1", "small2", "small3", "big2", "big3",
+        ]  # fmt: skip
 
 
 async def test_a_queued_client_that_leaves_is_removed_at_once(one_at_a_time):
