@@ -65,6 +65,9 @@ class FlowGate:
         self._identify = Identify(config)
         self._thresholds = config.saturation.thresholds(core.settings.scrape_interval)
         self._fairness = FAIRNESS[config.fairness]
+        self._known_priorities = frozenset(
+            [0, *config.objectives.values(), *config.tenant_priorities.values(), *config.bands]
+        )
         self.ordering: Ordering = ORDERING[config.ordering](config.starvation_threshold)
         self.pools: dict[str, FlowQueues] = {}
         self._waiters: dict[int, asyncio.Future[None]] = {}
@@ -181,7 +184,8 @@ class FlowGate:
             self._unbound[model] = left
         else:
             del self._unbound[model]
-        self._kick()
+        if self._waiters:
+            self._kick()
 
     # --- the pool
 
@@ -240,8 +244,10 @@ class FlowGate:
                 if not self._unbound.get(model):
                     del self.pools[model]  # recreated on its next queued request
                 continue
-            full = self._unbound.get(model, 0) > 0 or self.saturation(model, now) >= 1.0
-            if full and self._sheddable.get(model) and model not in self._suspending:
+            routing = self._unbound.get(model, 0) > 0  # the last dispatch is not counted yet
+            full = routing or self.saturation(model, now) >= 1.0
+            preemptable = self._sheddable.get(model) and model not in self._suspending
+            if full and not routing and preemptable:
                 self._preempt(model, pool)
             for action in pool.decide(full, now):
                 slot = self._waiters.get(action.request.seq)
@@ -359,7 +365,9 @@ class FlowGate:
 
     def _observe(self, priority: int, model: str, outcome: str, waited: float) -> None:
         if self._waited is not None:
-            self._waited.labels(str(priority), outcome, model).observe(waited)
+            # A number from a header is the client's to choose: labelled only when configured.
+            label = str(priority) if priority in self._known_priorities else "other"
+            self._waited.labels(label, outcome, model).observe(waited)
 
     def gauges(self) -> Iterator[tuple[str, int, float, dict[tuple[int, str], int]]]:
         """Per model served now or with requests waiting: (model, waiting, saturation,
