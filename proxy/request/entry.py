@@ -21,7 +21,7 @@ import orjson
 from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
-from proxy.ports import RequestLog, RequestServices
+from proxy.ports import FlowControl, FlowTicket, RequestLog, RequestServices
 from proxy.request.body_budget import BodyBudget, no_room
 from proxy.request.context import ContextReader
 from proxy.request.leg_services import LegServices
@@ -96,9 +96,17 @@ class Authorize(Protocol):
 
 
 class Forwarder:
-    def __init__(self, core: RequestServices, authorize: Authorize | None = None) -> None:
+    def __init__(
+        self,
+        core: RequestServices,
+        authorize: Authorize | None = None,
+        flow: FlowControl | None = None,
+    ) -> None:
+        """`flow`: flow control, when configured; a request then waits there while its
+        model's backends are saturated, and is routed when it leaves the queue."""
         self.core = core
         self._authorize = authorize
+        self._flow = flow
         self.settings = core.settings
         self.legs = LegServices(core)
         self._contexts = ContextReader(core.settings, debug=core.settings.debug_receipts)
@@ -145,6 +153,7 @@ class Forwarder:
         session: RequestSession | None = None
         model: str | None = None
         held = 0  # body bytes taken from the budget, given back when the request ends
+        ticket: FlowTicket | None = None
         try:
             try:
                 if forwarded > self._max_forwarded_header_bytes:
@@ -182,6 +191,10 @@ class Forwarder:
                     ctx.prompt_tokens = await tokens.count(
                         ctx.prompt_text, model, endpoint, ctx.body
                     )
+                if self._flow is not None and generates:
+                    # Last before routing, with no await after it: a request dispatched from
+                    # the queue is routed (and charged) with the fleet as it is then.
+                    ticket = await self._flow.admit(ctx, receive)
                 session = RequestSession(
                     self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                     self._movability(ctx),
@@ -202,9 +215,18 @@ class Forwarder:
             request_log = self._request_log
             if request_log is not None and request_log.sampled():
                 finished = session.finished() if session is not None else None
-                request_log.record(endpoint, request_id, status, arrived, finished)
+                request_log.record(endpoint, request_id, status, arrived, finished, ticket)
         finally:
             self._bodies.release(held)
+            if ticket is not None:
+                self._flow_done(ticket, session)
+
+    def _flow_done(self, ticket: FlowTicket, session: RequestSession | None) -> None:
+        flow = self._flow
+        assert flow is not None
+        # Output tokens count as a program's attained service, where they are known.
+        done = session.finished() if session is not None and ticket.program else None
+        flow.done(ticket, done.completion_tokens if done is not None else None)
 
     @staticmethod
     def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:

@@ -14,7 +14,16 @@ from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("proxy", "policies", "fleet", "rescheduler", "planner", "simulator", "bench")
+PACKAGES = (
+    "proxy",
+    "policies",
+    "flowcontrol",
+    "fleet",
+    "rescheduler",
+    "planner",
+    "simulator",
+    "bench",
+)
 
 # proxy/'s layers from the bottom up, and which layers each may import (itself included
 # where a layer's modules may import one another).
