@@ -1,15 +1,18 @@
 """Start, inspect and stop the real vLLM engines of the test tier.
 
     python scripts/real_vllm/engines.py start [--count N] [--pd-nixl] [--kv-events]
-                                              [--pooling [classify]]
-    python scripts/real_vllm/engines.py status
-    python scripts/real_vllm/engines.py stop
+                                              [--pooling [classify]] [--served-model-name NAME]
+                                              [--state PATH]
+    python scripts/real_vllm/engines.py status [--state PATH]
+    python scripts/real_vllm/engines.py stop [--state PATH]
 
 Standard library only, so any Python runs it. `start` launches each engine in its own
 process group on a free loopback port, waits until every /health answers 200 and writes a
 state file (URLs, PIDs, log paths) that the tests and the golden capture read. `stop` ends
 exactly the process groups recorded there, by PID. Paths come from the same environment
-variables as prepare.sh (FLEET_VLLM_VENV, FLEET_VLLM_MODEL_DIR) plus FLEET_VLLM_STATE.
+variables as prepare.sh (FLEET_VLLM_VENV, FLEET_VLLM_MODEL_DIR) plus FLEET_VLLM_STATE;
+--state names another state file, so a pooling engine can run beside the ordinary pair (the
+tier's pooling tests read pooling-state.json, see tests/real_vllm/tier.py).
 
 With --kv-events each engine also publishes its KV-cache events: vLLM binds a ZMQ PUB socket
 and a replay ROUTER socket on free ports (`tcp://*:PORT`, so vLLM binds rather than
@@ -79,6 +82,7 @@ class TierState:
     engines: list[Engine] = field(default_factory=list)
     kv_events_topic: str | None = None  # None: the engines publish no KV-cache events
     num_gpu_blocks: int | None = None  # --num-gpu-blocks-override, when set
+    pooling: str | None = None  # "embed" or "classify": the model as a pooling model
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class Options:
     num_gpu_blocks: int | None = None  # a small KV cache makes a few requests evict blocks
     # The model as a pooling model (`embed` or `classify`): pooling routes, no generation.
     pooling: str | None = None
+    served_model_name: str = SERVED_MODEL_NAME
 
 
 def venv_dir() -> Path:
@@ -225,6 +230,7 @@ def engine_command(
     max_model_len: int = MAX_MODEL_LEN,
     num_gpu_blocks: int | None = None,
     pooling: str | None = None,
+    served_model_name: str = SERVED_MODEL_NAME,
 ) -> list[str]:
     cmd = [
         str(venv / "bin" / "python"),
@@ -233,7 +239,7 @@ def engine_command(
         "--model",
         str(model),
         "--served-model-name",
-        SERVED_MODEL_NAME,
+        served_model_name,
         "--host",
         "127.0.0.1",
         "--port",
@@ -287,6 +293,7 @@ def launch(
                 options.max_model_len,
                 options.num_gpu_blocks,
                 options.pooling,
+                options.served_model_name,
             ),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -372,13 +379,13 @@ def post_json(url: str, body: dict[str, object], timeout: float) -> dict[str, ob
         return data
 
 
-def warm_kv_path(prefill: Engine, decode: Engine, tries: int = 3) -> None:
+def warm_kv_path(prefill: Engine, decode: Engine, model: str, tries: int = 3) -> None:
     """One prefill->decode exchange, so the NIXL handshake is done before tests run.
 
     The decode engine gives the prefill side's handshake 5 s; on 2 loaded cores the first
     one can miss that and fails its request, the next one succeeds.
     """
-    body: dict[str, object] = {"model": SERVED_MODEL_NAME, "prompt": [20] * 200, "max_tokens": 2}
+    body: dict[str, object] = {"model": model, "prompt": [20] * 200, "max_tokens": 2}
     remote_decode = remote_decode_params()
     last = ""
     for attempt in range(1, tries + 1):
@@ -496,21 +503,23 @@ def start_once(
     state = TierState(
         str(venv),
         str(model),
-        SERVED_MODEL_NAME,
+        options.served_model_name,
         options.max_model_len,
         "pd_nixl" if pd_nixl else "aggregated",
         omp_threads=options.omp_threads,
         kv_events_topic=KV_EVENTS_TOPIC if options.kv_events else None,
         num_gpu_blocks=options.num_gpu_blocks,
+        pooling=options.pooling,
     )
     try:
         for i, role in enumerate(roles):
-            name = f"engine-{i}" if role == "both" else f"{role}-{i}"
+            # Distinct names keep distinct logs when tiers share a log directory.
+            name = f"{role}-{i}" if role != "both" else f"{options.pooling or 'engine'}-{i}"
             state.engines.append(launch(venv, model, name, role, free_port(), log_dir, options))
             write_state(path, state)  # recorded at once, so `stop` works even if start fails
         wait_ready(state.engines, timeout)
         if pd_nixl:
-            warm_kv_path(state.engines[0], state.engines[1])
+            warm_kv_path(state.engines[0], state.engines[1], options.served_model_name)
     except BaseException:
         for engine in state.engines:
             stop_engine(engine, launched_here=True)
@@ -519,8 +528,8 @@ def start_once(
     return state
 
 
-def stop(pd_nixl: bool) -> int:
-    path = state_path(pd_nixl)
+def stop(pd_nixl: bool, path: Path | None = None) -> int:
+    path = path or state_path(pd_nixl)
     state = read_state(path)
     if state is None:
         print(f"[real-vllm] nothing to stop ({path} absent)", file=sys.stderr)
@@ -532,8 +541,8 @@ def stop(pd_nixl: bool) -> int:
     return 0
 
 
-def status(pd_nixl: bool) -> int:
-    path = state_path(pd_nixl)
+def status(pd_nixl: bool, path: Path | None = None) -> int:
+    path = path or state_path(pd_nixl)
     state = read_state(path)
     if state is None:
         print(f"not running ({path} absent)")
@@ -588,11 +597,22 @@ def main(argv: list[str]) -> int:
         choices=("embed", "classify"),
         help="run the model as a pooling model: embed (the default) or classify",
     )
+    p_start.add_argument(
+        "--served-model-name",
+        default=SERVED_MODEL_NAME,
+        help=f"the model's name in requests (default {SERVED_MODEL_NAME!r})",
+    )
     p_start.add_argument("--timeout", type=float, default=420.0, help="seconds to wait for /health")
     p_stop = sub.add_parser("stop", help="stop the engines recorded in the state file")
     p_status = sub.add_parser("status", help="print the engines and whether they answer /health")
     for p in (p_stop, p_status):
         p.add_argument("--pd-nixl", action="store_true", help="the prefill/decode pair's state")
+    for p in (p_start, p_stop, p_status):
+        p.add_argument(
+            "--state",
+            type=Path,
+            help="the state file (default: FLEET_VLLM_STATE; FLEET_VLLM_PD_STATE with --pd-nixl)",
+        )
     args = parser.parse_args(argv)
     try:
         if args.cmd == "start":
@@ -602,13 +622,14 @@ def main(argv: list[str]) -> int:
                 max_model_len=args.max_model_len,
                 num_gpu_blocks=args.num_gpu_blocks,
                 pooling=args.pooling,
+                served_model_name=args.served_model_name,
             )
-            state = start(args.count, args.pd_nixl, args.timeout, options)
-            print(state_path(args.pd_nixl))
+            state = start(args.count, args.pd_nixl, args.timeout, options, args.state)
+            print(args.state or state_path(args.pd_nixl))
             return 0 if state.engines else 1
         if args.cmd == "stop":
-            return stop(args.pd_nixl)
-        return status(args.pd_nixl)
+            return stop(args.pd_nixl, args.state)
+        return status(args.pd_nixl, args.state)
     except TierError as exc:
         print(f"[real-vllm] ERROR: {exc}", file=sys.stderr)
         return 1

@@ -44,6 +44,16 @@ def pd_tier() -> Tier:
 
 
 @pytest.fixture(scope="session")
+def pooling_tier() -> Tier:
+    """One engine running the model as an embedding model under its own name, beside the
+    ordinary pair (engines.py start --pooling --state .../pooling-state.json)."""
+    t = load_tier(state_file("FLEET_VLLM_POOLING_STATE", "pooling-state.json"), "pooling")
+    if t.pooling != "embed":
+        unavailable(f"the pooling engine runs {t.pooling!r}, not 'embed'", "pooling")
+    return t
+
+
+@pytest.fixture(scope="session")
 def proxy_for(
     tier: Tier, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[[str], Proxy]]:

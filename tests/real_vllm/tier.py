@@ -42,9 +42,27 @@ HOW_TO_PD = (
 )
 
 
+HOW_TO_POOLING = (
+    "start an embedding engine beside the ordinary pair with `python3 "
+    "scripts/real_vllm/engines.py start --count 1 --pooling --served-model-name tiny-embed "
+    "--state ~/.cache/fleet-proxy/real-vllm/pooling-state.json`, or run the whole tier with "
+    "`bash scripts/real_vllm/run_tier.sh`"
+)
+
+_REQUIRED_ENV = {
+    "pd_nixl": "FLEET_REAL_VLLM_PD_REQUIRED",
+    "pooling": "FLEET_REAL_VLLM_POOLING_REQUIRED",
+}
+_HOW_TO = {"pd_nixl": HOW_TO_PD, "pooling": HOW_TO_POOLING}
+
+
 def required_env(mode: str) -> str:
     """The variable that makes a missing tier of this mode a failure (run_tier.sh sets it)."""
-    return "FLEET_REAL_VLLM_PD_REQUIRED" if mode == "pd_nixl" else "FLEET_REAL_VLLM_REQUIRED"
+    return _REQUIRED_ENV.get(mode, "FLEET_REAL_VLLM_REQUIRED")
+
+
+def how_to(mode: str) -> str:
+    return _HOW_TO.get(mode, HOW_TO)
 
 
 def unavailable(reason: str, mode: str) -> None:
@@ -86,6 +104,7 @@ class Tier:
     model_dir: Path
     max_model_len: int
     kv_events_topic: str | None = None  # None: the engines publish no KV-cache events
+    pooling: str | None = None  # "embed" / "classify": the model runs as a pooling model
 
     def by_backend_id(self, backend_id: str) -> Engine:
         for e in self.engines:
@@ -98,16 +117,17 @@ class Tier:
 
 
 def load_tier(state_file: Path, mode: str) -> Tier:
+    """`mode`: "aggregated" (generation engines), "pd_nixl" or "pooling"."""
     if not state_file.exists():
-        how_to = HOW_TO_PD if mode == "pd_nixl" else HOW_TO
         unavailable(
-            f"real-vLLM tier ({mode}) not running: no state file {state_file}; {how_to}", mode
+            f"real-vLLM tier ({mode}) not running: no state file {state_file}; {how_to(mode)}",
+            mode,
         )
     raw = json.loads(state_file.read_text())
-    if raw.get("mode") != mode:
-        unavailable(
-            f"{state_file} describes a {raw.get('mode')!r} tier, these tests need {mode!r}", mode
-        )
+    # engines.py records pooling engines as an "aggregated" tier with the pooling task.
+    described = "pooling" if raw.get("pooling") else raw.get("mode")
+    if described != mode:
+        unavailable(f"{state_file} describes a {described!r} tier, these tests need {mode!r}", mode)
     engines = tuple(
         Engine(
             e["name"],
@@ -127,9 +147,9 @@ def load_tier(state_file: Path, mode: str) -> Tier:
         except httpx.HTTPError:
             ok = False
         if not ok:
-            how_to = HOW_TO_PD if mode == "pd_nixl" else HOW_TO
             unavailable(
-                f"engine {e.name} at {e.url} does not answer /health (log: {e.log}); {how_to}",
+                f"engine {e.name} at {e.url} does not answer /health (log: {e.log}); "
+                f"{how_to(mode)}",
                 mode,
             )
     return Tier(
@@ -138,6 +158,7 @@ def load_tier(state_file: Path, mode: str) -> Tier:
         Path(raw["model_dir"]),
         raw["max_model_len"],
         raw.get("kv_events_topic"),
+        raw.get("pooling"),
     )
 
 
