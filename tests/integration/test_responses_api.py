@@ -308,3 +308,50 @@ async def test_two_proxy_replicas_on_one_store_file_continue_each_others_threads
             await a.responses.retrieve(previous)
         for c in (a, b):
             await c.close()
+
+
+async def test_a_thread_over_two_replicas_and_three_engines_survives_an_engine_restart(
+    fleet: SimFleet, tmp_path
+) -> None:
+    """Five turns, alternating between two proxy replicas that share one store, over three
+    engines, one of them crashed after turn 2 and back, empty, before turn 4: every turn
+    answers, and every engine that served a turn read the whole thread before it."""
+    path = tmp_path / "responses.sqlite3"
+    settings = fast_settings(
+        fleet.urls, policy="round_robin", backend_header=True, responses_store_path=path
+    )
+    async with (
+        running_proxy(settings) as (url_a, app_a),
+        running_proxy(settings) as (url_b, app_b),
+    ):
+        replicas = (client(url_a), client(url_b))
+        thread: list[tuple[Any, str]] = []
+        previous: str | None = None
+        for i in range(5):
+            if i == 2:
+                await fleet.engines[0].crash()
+            if i == 3:
+                await fleet.engines[0].recover()
+
+                def routable() -> bool:
+                    return all(
+                        len(app.core.fleet.routable(app.core.clock.now())) == 3
+                        for app in (app_a, app_b)
+                    )
+
+                await eventually(routable, within=30, what="the restarted engine routable")
+            raw = await replicas[i % 2].responses.with_raw_response.create(
+                model=MODEL,
+                input=f"Turn {i}: and then?",
+                max_output_tokens=5,
+                **({"previous_response_id": previous} if previous else {}),
+            )
+            made = raw.parse()
+            assert made.status in ("completed", "incomplete") and made.output_text, i
+            assert made.previous_response_id == previous
+            thread.append((made, raw.headers["x-fleet-backend"]))
+            previous = made.id
+        assert len({backend for _, backend in thread}) >= 2
+        assert_whole_history(thread)
+        for c in replicas:
+            await c.close()
