@@ -26,7 +26,7 @@ from proxy.asgi import Receive, Scope, Send, response_headers, send_error
 from proxy.backends.accounting import Dispatch
 from proxy.errors import FailureKind, ProxyError
 from proxy.ports import RequestServices
-from proxy.request.body_budget import BodyBudget, no_room
+from proxy.request.body_reader import BodyReader
 from proxy.request.choosing import BackendChooser
 from proxy.request.entry import Authorize
 from proxy.request.form_peek import FieldPeek, form_boundary
@@ -48,13 +48,13 @@ _WANTED = frozenset({"model"})
 
 
 class AudioRelay:
-    """The raw ASGI handler of the audio routes; `bodies` is the process's body budget, shared
-    with the generation routes."""
+    """The raw ASGI handler of the audio routes; `bodies` reads into the process's body budget,
+    shared with the generation routes."""
 
     def __init__(
         self,
         core: RequestServices,
-        bodies: BodyBudget,
+        bodies: BodyReader,
         authorize: Authorize | None = None,
     ) -> None:
         self.core = core
@@ -80,7 +80,7 @@ class AudioRelay:
                 upstream.append((k, v))
         request_id = headers.get("x-request-id") or os.urandom(16).hex()
         limit = self.core.settings.max_body_bytes
-        upload = Upload(receive, limit, self._bodies, self._no_room)
+        upload = Upload(receive, limit, self._bodies.budget, self._bodies.no_room)
         status = 500
         model: str | None = None
         try:
@@ -185,10 +185,6 @@ class AudioRelay:
         if settings.error_details and last:
             message += f"; last error: {last}"
         raise ProxyError(502, message, type="upstream_error", code=502)
-
-    def _no_room(self, size: int) -> ProxyError:
-        self.core.metrics.body_budget_refusals.inc()
-        return no_room(self._bodies, size)
 
     def _backend_headers(
         self, headers: list[tuple[bytes, bytes]], attempt: int
