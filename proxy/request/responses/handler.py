@@ -1,5 +1,5 @@
 """The Responses API's routes: `POST /v1/responses`, `GET` and `DELETE
-/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`.
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items`.
 
 No backend keeps a thread: a request naming `previous_response_id` has its thread loaded from
 the proxy's store and expanded into its input before it is routed, so its prompt (the whole
@@ -33,6 +33,7 @@ from proxy.request.responses.answers import HeldAnswer, Identity, StreamStamper
 from proxy.request.responses.background import BackgroundRuns
 from proxy.request.responses.chain import UNFINISHED, load_chain, not_found
 from proxy.request.responses.headers import forwarded_headers, headers_too_large
+from proxy.request.responses.input_listing import listed, page_of
 from proxy.request.responses.store import ResponseStore, StoredResponse
 from proxy.request.responses.thread import expanded_input, input_items, prompt_text
 from proxy.request.routes import NOT_YET_SERVED
@@ -44,6 +45,7 @@ PATH = "/v1/responses"
 ENDPOINT = "responses"
 _ONE = re.compile(r"/v1/responses/([^/]+)")
 _CANCEL = re.compile(r"/v1/responses/([^/]+)/cancel")
+_INPUT_ITEMS = re.compile(r"/v1/responses/([^/]+)/input_items")
 _OTHER_ROUTES = frozenset(p for p, _ in NOT_YET_SERVED)
 # Fields for the proxy alone: the backend answers one request and keeps nothing.
 _PROXY_FIELDS = ("previous_response_id", "background")
@@ -60,7 +62,9 @@ def serves(path: str) -> bool:
     `/v1/responses/render`, are not ids)."""
     if path == PATH:
         return True
-    return path not in _OTHER_ROUTES and bool(_ONE.fullmatch(path) or _CANCEL.fullmatch(path))
+    if path in _OTHER_ROUTES:
+        return False
+    return bool(_ONE.fullmatch(path) or _CANCEL.fullmatch(path) or _INPUT_ITEMS.fullmatch(path))
 
 
 def owner_of(headers: dict[str, str], keyed: bool) -> str:
@@ -117,9 +121,13 @@ class ResponsesApi:
                     status = await self._create(scope, receive, send, headers, owner, served)
                     return
                 cancel = _CANCEL.fullmatch(path)
+                items = _INPUT_ITEMS.fullmatch(path)
                 if cancel is not None:
                     _allow(method, "POST")
                     answer = await self._cancel(cancel.group(1), owner)
+                elif items is not None:
+                    _allow(method, "GET")
+                    answer = await self._input_items(items.group(1), owner, scope)
                 else:
                     rid = path[len(PATH) + 1 :]
                     _allow(method, "GET", "DELETE")
@@ -158,6 +166,13 @@ class ResponsesApi:
         if record is None:
             raise not_found(response_id)
         return record.response
+
+    async def _input_items(self, response_id: str, owner: str, scope: Scope) -> dict[str, Any]:
+        page = page_of(scope.get("query_string", b""))
+        record = await self.store.get(response_id, owner)
+        if record is None:
+            raise not_found(response_id)
+        return listed(record.id, record.input_items, page)
 
     async def _delete(self, response_id: str, owner: str) -> dict[str, Any]:
         if not await self.store.delete(response_id, owner):
