@@ -56,6 +56,18 @@ class KubernetesAsyncApi:
         # leave out `_content_type`, which the client takes.
         self.core: Any = client.CoreV1Api(api)
         self.apps: Any = client.AppsV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
+
+    async def get_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any]:
+        """One namespaced custom resource as the API returns it (an InferencePool, say)."""
+        obj: dict[str, Any] = await _json(
+            await self.custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _preload_content=False
+            )
+        )
+        return obj
 
     async def get_scale(self, namespace: str, target: ScaleTarget) -> int:
         read = (

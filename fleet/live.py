@@ -10,7 +10,7 @@ import it without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,11 +98,19 @@ class LiveEntry(Protocol):
         ...
 
     async def move(
-        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+        self,
+        to: Backend | None = None,
+        reason: str = "admin",
+        *,
+        kind: str | None = None,
+        hold: Callable[[], Awaitable[None]] | None = None,
     ) -> MoveResult:
         """Cut the stream after the last token its client received and continue it on `to`
         (None: where the policy chooses); `kind`: auto, recompute, handover or precopy (None:
-        the `move_kind` setting). Raises NotMovable."""
+        the `move_kind` setting). `hold`: awaited between the cut and the continuation (a
+        suspension: the request holds no backend meanwhile, and may continue on any one,
+        its own included); it raises ProxyError to end the request instead. Raises
+        NotMovable."""
         ...
 
 

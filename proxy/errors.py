@@ -39,6 +39,17 @@ class ProxyError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+def model_not_found(model: str) -> ProxyError:
+    """vLLM's answer for a model it does not serve, as the proxy gives it for the fleet."""
+    return ProxyError(
+        404,
+        f"The model `{model}` does not exist.",
+        type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def error_body(message: str, type: str, param: str | None, code: str | int | None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 

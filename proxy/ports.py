@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from fleet.prompt_tokens import PromptTokens
     from fleet.registry import FleetRegistry
     from fleet.tokens import TokenCounter
-    from policies.policy import Policy
+    from policies.policy import Policy, RequestContext
+    from proxy.asgi import Receive
     from proxy.backends.health import BackendHealth
     from proxy.backends.upstream import Upstream
     from proxy.metrics import RouterMetrics
@@ -40,6 +41,28 @@ class FinishedRequest(NamedTuple):
     completion_tokens: int | None  # from a tracked stream's token ids
 
 
+class FlowTicket(NamedTuple):
+    """A request flow control let through: who asked, how urgently, how long it waited."""
+
+    tenant: str
+    priority: int
+    waited: float  # seconds in the flow-control queue (0: dispatched at once)
+    program: str | None
+    key: int = 0  # which admission this is, unique in its process
+
+
+class FlowControl(Protocol):
+    """Flow control at the gateway (proxy/serving/flow_gate.py), when configured."""
+
+    async def admit(self, ctx: RequestContext, receive: Receive) -> FlowTicket:
+        """Return when the request may be routed: at once while its model's pool has room, else
+        when dispatched from the queue. Raises ProxyError when refused (queue full, waited past
+        its TTL) or when the client leaves while queued (499)."""
+
+    def done(self, ticket: FlowTicket, completion_tokens: int | None) -> None:
+        """The request ended: its room may go to a queued one."""
+
+
 class RequestLog(Protocol):
     """Where the hot path reports each finished request."""
 
@@ -54,9 +77,10 @@ class RequestLog(Protocol):
         status: int,
         arrived: float,
         finished: FinishedRequest | None,
+        flow: FlowTicket | None = None,
     ) -> None:
         """`arrived`: perf_counter time; `finished`: None for a request refused before a
-        session served it."""
+        session served it; `flow`: what flow control knew of it, when it is on."""
 
 
 class FleetServices(Protocol):

@@ -35,6 +35,7 @@ from pydantic_settings import (
 
 from fleet.registry import default_backend_id
 from fleet.types import BackendSpec, Role
+from flowcontrol.config import FlowControlConfig
 from proxy.stream.move_kinds import MoveCosts
 from proxy.stream.token_ledger import DEFAULT_MAX_EVENT_BYTES
 from proxy.url_policy import parse_allow_entry
@@ -150,6 +151,15 @@ class BackendConfig(BaseModel):
         )
 
 
+class ApiKey(BaseModel):
+    """A client key that names its tenant (flow control's fairness id)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: SecretStr
+    tenant: str | None = Field(None, min_length=1, max_length=128)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FLEET_PROXY_", extra="forbid", env_nested_delimiter="__"
@@ -184,9 +194,11 @@ class Settings(BaseSettings):
     lora_adapter_timeout: float = Field(60.0, gt=0, allow_inf_nan=False)
     # --- client access control (proxy/serving/access.py, README.md "Access control")
     # Keys clients must send as `Authorization: Bearer <key>` on the OpenAI endpoints; with
-    # none here and no api_keys_file, those endpoints are open. A comma list or a YAML list.
-    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    # One key per line, `#` comments; read at start-up, added to api_keys.
+    # none here and no api_keys_file, those endpoints are open. A comma list or a YAML list;
+    # an entry may be `{key: ..., tenant: ...}` to name the key's tenant for flow control.
+    api_keys: Annotated[list[SecretStr | ApiKey], NoDecode] = Field(default_factory=list)
+    # One key per line (`KEY` or `KEY tenant=NAME`), `#` comments; read at start-up, added to
+    # api_keys.
     api_keys_file: Path | None = None
     # Pass the client's Authorization header on to the backends (off: it stays on the
     # client's hop, since it is the client's key to this proxy).
@@ -475,6 +487,9 @@ class Settings(BaseSettings):
         ge=1,
         description="bytes of stored responses kept; past it the oldest go first",
     )
+    # Flow control (flowcontrol/, proxy/serving/flow_gate.py, docs/flow-control.md): tenants,
+    # priorities and fairness while a model's backends are saturated. Off while None.
+    flow_control: FlowControlConfig | None = None
 
     # --- the rescheduler (rescheduler/, docs/rescheduler.md): moves live requests between
     # backends to balance load and to leave failing ones, every rescheduling_interval_ms.
@@ -572,10 +587,19 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys")
     @classmethod
-    def _usable_keys(cls, v: list[SecretStr]) -> list[SecretStr]:
+    def _usable_keys(cls, v: list[SecretStr | ApiKey]) -> list[SecretStr | ApiKey]:
         for key in v:
-            check_api_key(key.get_secret_value())
+            check_api_key((key.key if isinstance(key, ApiKey) else key).get_secret_value())
         return v
+
+    def client_keys(self) -> list[tuple[str, str | None]]:
+        """Each of `api_keys` with the tenant it names (None: none)."""
+        return [
+            (k.key.get_secret_value(), k.tenant)
+            if isinstance(k, ApiKey)
+            else (k.get_secret_value(), None)
+            for k in self.api_keys
+        ]
 
     @field_validator("backend_api_key")
     @classmethod

@@ -21,7 +21,7 @@ from fleet.changes import FleetChanges, LocalChanges
 from proxy.control.admin_access import AdminAccess
 from proxy.control.admin_backends import BackendRoutes
 from proxy.control.admin_requests import MIGRATE_REFUSED, RequestRoutes
-from proxy.control.admin_state import StateRoutes, StatusSource
+from proxy.control.admin_state import FlowView, StateRoutes, StatusSource
 from proxy.control.peer_sync import PeerSync
 from proxy.errors import ErrorBody
 from proxy.ports import ControlServices
@@ -38,9 +38,11 @@ def admin_router(
     changes: FleetChanges | None = None,
     sync: PeerSync | None = None,
     planner: StatusSource | None = None,
+    flow: FlowView | None = None,
 ) -> APIRouter:
     """`changes` defaults to changing this process's registry; `sync` is this worker's
-    `PeerSync` when the proxy runs several; `planner` the colocated planner, if enabled."""
+    `PeerSync` when the proxy runs several; `planner` the colocated planner, if enabled;
+    `flow` flow control, if configured."""
     s = core.settings
     access = AdminAccess(s.admin_token, s.host)
     url_policy = UrlPolicy.build(
@@ -48,7 +50,7 @@ def admin_router(
     )
     backends = BackendRoutes(core, changes or LocalChanges(core.fleet), url_policy)
     live = RequestRoutes(core)
-    state = StateRoutes(core, sync, planner)
+    state = StateRoutes(core, sync, planner, flow)
 
     r = APIRouter(prefix="/admin", dependencies=[Depends(access.check)], responses=OPENAI_ERRORS)
     # In this order: the OpenAPI schema lists the paths as they were added.
@@ -68,4 +70,5 @@ def admin_router(
     r.add_api_route("/rescheduler/view", state.rescheduler_view, methods=["GET"])
     r.add_api_route("/policy", state.policy_state, methods=["GET"])
     r.add_api_route("/programs/{program_id}", state.end_program, methods=["DELETE"])
+    r.add_api_route("/flow", state.flow_state, methods=["GET"])
     return r

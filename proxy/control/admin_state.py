@@ -24,17 +24,36 @@ class StatusSource(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
+class FlowView(Protocol):
+    """What GET /admin/flow reads of flow control."""
+
+    def view(self) -> dict[str, Any]: ...
+
+
 class StateRoutes:
     """The handlers of the admin API's state routes; their names are the routes' OpenAPI
     names. `sync` is this worker's `PeerSync` when the proxy runs several; `planner` the
-    colocated planner, if enabled."""
+    colocated planner, if enabled; `flow` flow control, if configured."""
 
     def __init__(
-        self, core: ControlServices, sync: PeerSync | None, planner: StatusSource | None
+        self,
+        core: ControlServices,
+        sync: PeerSync | None,
+        planner: StatusSource | None,
+        flow: FlowView | None = None,
     ) -> None:
         self.core = core
         self.sync = sync
         self.planner = planner
+        self.flow = flow
+
+    async def flow_state(self) -> dict[str, Any]:
+        """Flow control's queues in this worker: per model's pool its saturation and, per
+        priority band (highest first), the requests waiting per tenant; and the attained
+        service per program when ordering is `las`."""
+        if self.flow is None:
+            return {"enabled": False, "pools": {}}
+        return {"enabled": True, **self.flow.view()}
 
     async def workers(self) -> dict[str, Any]:
         """The proxy's worker processes and the requests each has dispatched, from the shared

@@ -14,7 +14,8 @@ before the first byte), `retries`, `moves`, `ttft_ms` (first streamed byte relay
 answer relayed whole), `e2e_ms`, `prompt_tokens` and `completion_tokens` (from the answer's
 `usage` when it was relayed whole, `input_tokens` and `output_tokens` where the API names them
 so; the completion count from the token ids of a tracked stream; otherwise null),
-`routed_prompt_tokens` (the count routing used), `client_disconnect`.
+`routed_prompt_tokens` (the count routing used), `client_disconnect`; with flow control on,
+also `tenant`, `priority` and `queue_wait_ms` (time in its queue).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import IO, Any, NamedTuple
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.ports import FinishedRequest
+from proxy.ports import FinishedRequest, FlowTicket
 
 # How often the queue is written out; a line appears at most this long after its request.
 FLUSH_EVERY_S = 0.1
@@ -59,6 +60,7 @@ class _Entry(NamedTuple):
     request_id: str
     status: int
     finished: FinishedRequest | None  # None: refused before a session served it
+    flow: FlowTicket | None = None
 
 
 class JsonRequestLog:
@@ -105,13 +107,14 @@ class JsonRequestLog:
         status: int,
         arrived: float,
         finished: FinishedRequest | None,
+        flow: FlowTicket | None = None,
     ) -> None:
         pending = self._pending
         if len(pending) >= self._capacity:
             self._dropped.inc()
             return
         e2e = time.perf_counter() - arrived
-        pending.append(_Entry(time.time(), e2e, endpoint, request_id, status, finished))
+        pending.append(_Entry(time.time(), e2e, endpoint, request_id, status, finished, flow))
 
     async def run(self) -> None:
         """Write the queue out every `flush_every` seconds until `stop()`, then the rest."""
@@ -180,6 +183,11 @@ def entry_fields(e: _Entry) -> dict[str, Any]:
         "routed_prompt_tokens": f.routed_prompt_tokens if f is not None else None,
         "client_disconnect": e.status == 499,
     }
+    flow = e.flow
+    if flow is not None:
+        fields["tenant"] = flow.tenant
+        fields["priority"] = flow.priority
+        fields["queue_wait_ms"] = round(flow.waited * 1000.0, 3)
     if f is None:
         return fields
     answer = f.answer

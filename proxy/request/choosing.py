@@ -7,7 +7,7 @@ from collections.abc import Collection
 
 from fleet.types import Backend
 from policies.policy import Decision, NoCandidate, RequestContext
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, model_not_found
 from proxy.ports import RequestServices
 from proxy.stream.move_kinds import transfers_kv
 
@@ -54,13 +54,7 @@ class BackendChooser:
                 and core.fleet.routable(now)
                 and not core.fleet.knows_model(ctx.model)
             ):
-                raise ProxyError(
-                    404,
-                    f"The model `{ctx.model}` does not exist.",
-                    type="not_found_error",
-                    param="model",
-                    code="model_not_found",
-                )
+                raise model_not_found(ctx.model)
             raise _unavailable(f"no healthy backend serves model `{ctx.model}` right now")
         try:
             return core.policy.pick(ctx, candidates, now)

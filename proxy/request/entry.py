@@ -18,21 +18,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
-from proxy.ports import RequestLog, RequestServices
-from proxy.request.body import (
-    chat_prompt,
-    completion_prompt,
-    is_stream,
-    messages_prompt,
-    parse_object,
-    require_model,
-)
+from proxy.ports import FlowControl, FlowTicket, RequestLog, RequestServices
 from proxy.request.body_budget import BodyBudget
 from proxy.request.body_reader import BodyReader
+from proxy.request.context import ContextReader
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
 from proxy.request.routes import HOT_ROUTES
@@ -105,21 +97,25 @@ class Authorize(Protocol):
 
 
 class Forwarder:
-    def __init__(self, core: RequestServices, authorize: Authorize | None = None) -> None:
+    def __init__(
+        self,
+        core: RequestServices,
+        authorize: Authorize | None = None,
+        flow: FlowControl | None = None,
+    ) -> None:
+        """`flow`: flow control, when configured; a request then waits there while its
+        model's backends are saturated, and is routed when it leaves the queue."""
         self.core = core
         self._authorize = authorize
+        self._flow = flow
         self.settings = core.settings
         self.legs = LegServices(core)
-        self._chars_per_token = core.settings.chars_per_token
+        self._contexts = ContextReader(core.settings, debug=core.settings.debug_receipts)
         self._watchers: set[asyncio.Task[None]] = set()
         self._movable = core.settings.movable_requests
         self._assemble = core.settings.assemble_non_streamed
-        self._debug = core.settings.debug_receipts
         self._request_log: RequestLog | None = core.request_log
         self._aliases = dict(core.settings.model_aliases) or None
-        # What names a request's session for session-affinity routing.
-        self._session_header = core.settings.session_header
-        self._session_field = core.settings.session_body_field
         self._drop = _DROP_REQUEST_HEADERS
         self._max_forwarded_header_bytes = core.settings.max_forwarded_header_bytes
         if not core.settings.forward_client_authorization:
@@ -163,6 +159,7 @@ class Forwarder:
         session: RequestSession | None = None
         model: str | None = None
         held = 0  # body bytes taken from the budget, given back when the request ends
+        ticket: FlowTicket | None = None
         try:
             try:
                 if forwarded > self._max_forwarded_header_bytes:
@@ -173,7 +170,7 @@ class Forwarder:
                         raise refusal
                 body = await self._read_body(receive, headers.get("content-length"))
                 held = len(body)
-                ctx = self._context(endpoint, generates, body, headers, request_id)
+                ctx = self._contexts.read(endpoint, generates, body, headers, request_id)
                 if self._aliases is not None:
                     body = self._dealias(ctx, body, self._aliases)
                 model = ctx.model
@@ -200,6 +197,10 @@ class Forwarder:
                     ctx.prompt_tokens = await tokens.count(
                         ctx.prompt_text, model, endpoint, ctx.body
                     )
+                if self._flow is not None and generates:
+                    # Last before routing, with no await after it: a request dispatched from
+                    # the queue is routed (and charged) with the fleet as it is then.
+                    ticket = await self._flow.admit(ctx, receive)
                 session = RequestSession(
                     self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                     self._movability(ctx),
@@ -220,9 +221,18 @@ class Forwarder:
             request_log = self._request_log
             if request_log is not None and request_log.sampled():
                 finished = session.finished() if session is not None else None
-                request_log.record(endpoint, request_id, status, arrived, finished)
+                request_log.record(endpoint, request_id, status, arrived, finished, ticket)
         finally:
             self._bodies.release(held)
+            if ticket is not None:
+                self._flow_done(ticket, session)
+
+    def _flow_done(self, ticket: FlowTicket, session: RequestSession | None) -> None:
+        flow = self._flow
+        assert flow is not None
+        # Output tokens count as a program's attained service, where they are known.
+        done = session.finished() if session is not None and ticket.program else None
+        flow.done(ticket, done.completion_tokens if done is not None else None)
 
     @staticmethod
     def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:
@@ -249,53 +259,6 @@ class Forwarder:
             # up would grow /metrics (and the registry) without bound.
             self.core.metrics.count_not_movable(m.reason.partition(":")[0])
         return m
-
-    def _context(
-        self,
-        endpoint: str,
-        generates: bool,
-        body: bytes,
-        headers: dict[str, str],
-        request_id: str,
-    ) -> RequestContext:
-        parsed = parse_object(body)
-        model = require_model(parsed)
-        token_count: int | None = None
-        if endpoint == "completions":
-            text, token_count = completion_prompt(parsed)
-        elif endpoint == "chat/completions":
-            text = chat_prompt(parsed)
-        elif endpoint == "messages":
-            text = messages_prompt(parsed)
-        elif endpoint == "messages/count_tokens":
-            # Checked as a Messages request is, but no routing text: counting computes no
-            # KV, so a prefix index must not learn that its engine holds the prompt.
-            messages_prompt(parsed)
-            text = ""
-        else:
-            text = ""
-        stream = is_stream(parsed) if generates else False
-        is_ids = token_count is not None
-        if token_count is None:
-            token_count = estimate_tokens(text, self._chars_per_token)
-        session_id = headers.get(self._session_header) if self._session_header else None
-        if session_id is None and self._session_field:
-            value = parsed.get(self._session_field)
-            session_id = value if isinstance(value, str) else None
-        return RequestContext(
-            request_id=request_id,
-            endpoint=endpoint,
-            model=model,
-            body=parsed,
-            headers=headers,
-            stream=stream,
-            prompt_text=text,
-            prompt_tokens=token_count,
-            session_id=session_id,
-            program_id=headers.get("x-program-id") or session_id,
-            debug=self._debug and headers.get("x-fleet-debug") == "1",
-            prompt_is_token_ids=is_ids,
-        )
 
     async def _serve(self, receive: Receive, session: RequestSession) -> int:
         watch = _Watch()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, cast
 
 import orjson
@@ -54,15 +55,22 @@ class Break:
 
 
 class MoveOrder:
-    __slots__ = ("done", "kind", "reason", "staged", "to")
+    __slots__ = ("done", "hold", "kind", "reason", "staged", "to")
 
     def __init__(
-        self, to: Backend | None, reason: str, kind: MoveKind = "recompute", staged: int = 0
+        self,
+        to: Backend | None,
+        reason: str,
+        kind: MoveKind = "recompute",
+        staged: int = 0,
+        hold: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.to = to
         self.reason = reason
         self.kind = kind
         self.staged = staged  # pre-copy: tokens whose KV sits in `to`'s prefix cache
+        # A suspension: awaited between the cut and the continuation (flow control's queue).
+        self.hold = hold
         self.done: asyncio.Future[MoveResult] = asyncio.get_running_loop().create_future()
 
 
@@ -221,9 +229,21 @@ class Mover:
     # --- a planned move
 
     async def move(
-        self, session: MovingSession, to: Backend | None, reason: str, kind: str | None
+        self,
+        session: MovingSession,
+        to: Backend | None,
+        reason: str,
+        kind: str | None,
+        hold: Callable[[], Awaitable[None]] | None = None,
     ) -> MoveResult:
         """See fleet.live.LiveEntry.move."""
+        if hold is not None:
+            # A suspension recomputes wherever it resumes: its source's KV will be gone.
+            leg = self._check_movable(session, None, anywhere=True)
+            order = MoveOrder(None, reason, "recompute", hold=hold)
+            self._order = order
+            leg.resp.interrupt(f"suspended by the proxy ({reason})")
+            return await asyncio.shield(order.done)
         requested = kind or self._core.settings.move_kind
         if requested not in _REQUESTED:
             raise NotMovable("unknown_kind")
@@ -254,8 +274,11 @@ class Mover:
         leg.resp.interrupt(f"moved by the proxy ({reason})")
         return await asyncio.shield(order.done)
 
-    def _check_movable(self, session: MovingSession, to: Backend | None) -> Leg:
-        """The leg a planned move to `to` would cut; raises NotMovable."""
+    def _check_movable(
+        self, session: MovingSession, to: Backend | None, *, anywhere: bool = False
+    ) -> Leg:
+        """The leg a planned move to `to` would cut; raises NotMovable. `anywhere`: it may
+        continue on its own backend too."""
         why = self.movable_reason(planned=True)
         if why:
             raise NotMovable(why)
@@ -273,7 +296,7 @@ class Mover:
         chooser = self._legs.chooser
         if to is not None and not chooser.can_take(to, self._ctx.model):
             raise NotMovable("target_unavailable")
-        if to is None and not chooser.has_other(leg.backend, self._ctx.model):
+        if to is None and not anywhere and not chooser.has_other(leg.backend, self._ctx.model):
             raise NotMovable("no_other_backend")
         return leg
 
@@ -340,11 +363,19 @@ class Mover:
         if isinstance(resume, str):
             metrics.count_migration(reason, "not_movable")
             return await self._give_up(session, source, resume)
-        # Backends that broke are out of the candidates until their health check passes.
+        # Backends that broke are out of the candidates until their health check passes; a
+        # suspended request's own backend is as good as any.
+        exclude = {source.backend.id}
+        if order is not None and order.hold is not None:
+            session.dispatch.release()  # suspended: it holds no backend until it continues
+            try:
+                await order.hold()
+            except ProxyError as e:
+                metrics.count_migration(reason, "failed")
+                return await self._give_up(session, source, e.message)
+            exclude = set()
         required = order.to if order is not None else None
-        leg, detail = await self._open(
-            session, resume, {source.backend.id}, required, reason, resume.kind
-        )
+        leg, detail = await self._open(session, resume, exclude, required, reason, resume.kind)
         if leg is None and order is not None and session.stopped is None:
             # A planned move must not cost the client its answer: back on the source, which
             # was healthy (a drain only stops new requests).

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any
 
@@ -211,15 +212,21 @@ class RequestSession:
         return self._mover.movable_reason(planned)
 
     async def move(
-        self, to: Backend | None = None, reason: str = "admin", *, kind: str | None = None
+        self,
+        to: Backend | None = None,
+        reason: str = "admin",
+        *,
+        kind: str | None = None,
+        hold: Callable[[], Awaitable[None]] | None = None,
     ) -> MoveResult:
         """Cut the stream after the last token its client received and continue it on `to`
         (None: where the policy chooses), its KV moved as `kind` says (None: the `move_kind`
         setting; proxy/stream/move_kinds.py); resolves once the target sent its first token, the
-        move failed, or the request ended first. Raises NotMovable."""
+        move failed, or the request ended first. `hold`: a suspension, see LiveEntry.move.
+        Raises NotMovable."""
         if self._relaying:
             raise NotMovable("not_streaming")
-        return await self._mover.move(self, to, reason, kind)
+        return await self._mover.move(self, to, reason, kind, hold)
 
     def view(self) -> dict[str, Any]:
         ledger = self.ledger

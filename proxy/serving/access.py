@@ -33,26 +33,33 @@ class KeyCheck(Protocol):
 
     def refusal(self, authorization: str | None) -> ProxyError: ...
 
+    def tenant(self, authorization: str | None) -> str | None:
+        """The tenant an accepted key names; None when it names none."""
 
-def read_keys_file(path: Path) -> list[str]:
-    """One key per line; blank lines and `#` comments are skipped. A missing, unreadable or
-    keyless file raises ValueError naming it: a proxy meant to be closed must not start open."""
+
+def read_keys_file(path: Path) -> list[tuple[str, str | None]]:
+    """One key per line, optionally followed by the tenant it names (`KEY tenant=NAME`); blank
+    lines and `#` comments are skipped. A missing, unreadable or keyless file raises ValueError
+    naming it: a proxy meant to be closed must not start open."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValueError(f"api_keys_file {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"api_keys_file {path}: cannot be read: {e}") from None
-    keys: list[str] = []
+    keys: list[tuple[str, str | None]] = []
     for number, line in enumerate(text.splitlines(), 1):
-        key = line.split("#", 1)[0].strip()
+        key, named, tenant = line.split("#", 1)[0].strip().partition(" tenant=")
+        key, tenant = key.strip(), tenant.strip()
         if not key:
             continue
         try:
             check_api_key(key)
+            if named and not tenant:
+                raise ValueError("`tenant=` names no tenant")
         except ValueError as e:
             raise ValueError(f"api_keys_file {path}, line {number}: {e}") from None
-        keys.append(key)
+        keys.append((key, tenant or None))
     if not keys:
         raise ValueError(f"api_keys_file {path} holds no key (one key per line, # comments)")
     return keys
@@ -61,12 +68,16 @@ def read_keys_file(path: Path) -> list[str]:
 class ClientKeys:
     """The accepted client keys, as SHA-256 digests."""
 
-    __slots__ = ("_digests", "_missing", "_wrong")
+    __slots__ = ("_digests", "_missing", "_tenants", "_wrong")
 
-    def __init__(self, keys: Iterable[str]) -> None:
+    def __init__(self, keys: Iterable[str], tenants: Mapping[str, str] | None = None) -> None:
+        """`tenants`: key -> the tenant it names, for the keys that name one."""
         self._digests = tuple(hashlib.sha256(k.encode("utf-8")).digest() for k in keys)
         if not self._digests:
             raise ValueError("ClientKeys needs at least one key")
+        self._tenants = {
+            hashlib.sha256(k.encode("utf-8")).digest(): t for k, t in (tenants or {}).items()
+        }
         # Built once: a refused request costs no more than an accepted one.
         self._missing = _unauthorized(
             "no API key: send it as `Authorization: Bearer <key>` (the OpenAI SDKs' api_key) "
@@ -90,6 +101,13 @@ class ClientKeys:
     def refusal(self, authorization: str | None) -> ProxyError:
         return self._missing if authorization is None else self._wrong
 
+    def tenant(self, authorization: str | None) -> str | None:
+        # Asked only of a key `allows` accepted: a plain lookup leaks nothing more.
+        if authorization is None or not self._tenants:
+            return None
+        key = authorization.partition(" ")[2].strip()
+        return self._tenants.get(hashlib.sha256(key.encode("latin-1")).digest())
+
 
 def _unauthorized(message: str) -> ProxyError:
     # OpenAI's own answer to a bad key: 401, invalid_request_error, code invalid_api_key.
@@ -102,12 +120,17 @@ def _unauthorized(message: str) -> ProxyError:
     )
 
 
-def client_keys(api_keys: Iterable[str], keys_file: Path | None) -> ClientKeys | None:
-    """The keys from the settings and the keys file together; None when neither gives any."""
+def client_keys(
+    api_keys: Iterable[tuple[str, str | None]], keys_file: Path | None
+) -> ClientKeys | None:
+    """The keys (each with the tenant it names, or None) from the settings and the keys file
+    together; None when neither gives any."""
     keys = list(api_keys)
     if keys_file is not None:
         keys += read_keys_file(keys_file)
-    return ClientKeys(keys) if keys else None
+    if not keys:
+        return None
+    return ClientKeys([k for k, _ in keys], {k: t for k, t in keys if t is not None})
 
 
 _CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")

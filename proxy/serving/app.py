@@ -59,6 +59,7 @@ from proxy.serving.access import (
     client_keys,
 )
 from proxy.serving.admission import AdmissionGate, AdmittedHandler
+from proxy.serving.flow_gate import FlowGate
 from proxy.serving.version import installed_version
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
@@ -72,15 +73,22 @@ class FleetProxyApp:
     With client keys (`keys`) both sides check them; without, neither does any extra work.
     `asgi` is what the server runs: this app, or this app behind CORS when origins are set."""
 
-    def __init__(self, core: ProxyCore, control_app: FastAPI, keys: KeyCheck | None = None) -> None:
+    def __init__(
+        self,
+        core: ProxyCore,
+        control_app: FastAPI,
+        keys: KeyCheck | None = None,
+        flow: FlowGate | None = None,
+    ) -> None:
         self.core = core
+        self.flow = flow
         self.control_app = control_app  # the FastAPI app of the control plane
         self._control: AsgiApp = control_app
         self._wrong_method: AsgiApp = _wrong_method
         self.forwarder: AsgiApp
         self.audio: AsgiApp
         authorize = None if keys is None else RequireClientKey(keys)
-        forwarder = Forwarder(core, authorize)
+        forwarder = Forwarder(core, authorize, flow)
         self.audio = AudioRelay(core, forwarder.bodies, authorize)
         store = responses_store(core.settings)
         self.responses = ResponsesApi(core, forwarder.legs, store, forwarder.bodies, authorize)
@@ -196,7 +204,7 @@ def create_app(
     """`seat` makes this app one of several worker processes (proxy/serving/workers.py): it shares
     its load and the admin API's fleet changes with the others."""
     # Read here, at start-up: a missing or empty keys file stops the proxy (ValueError).
-    keys = client_keys((k.get_secret_value() for k in settings.api_keys), settings.api_keys_file)
+    keys = client_keys(settings.client_keys(), settings.api_keys_file)
     core = ProxyCore(settings, clock)
     sync: PeerSync | None = None
     if seat is not None:
@@ -219,6 +227,11 @@ def create_app(
     # In one process only, its changes shared through the change log
     # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
+    flow: FlowGate | None = None
+    if settings.flow_control is not None:
+        flow = FlowGate(
+            settings.flow_control, core, keys.tenant if keys is not None else None, core.prom
+        )
 
     served: list[FleetProxyApp] = []  # the app the lifespan belongs to, once built
 
@@ -334,11 +347,11 @@ def create_app(
         control.add_api_route(
             route.path, _refuser(route), methods=list(route.methods), include_in_schema=False
         )
-    control.include_router(admin_router(core, changes, sync, planner))
+    control.include_router(admin_router(core, changes, sync, planner, flow))
     control.include_router(lora_router(adapters, settings.admin_token))
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
-    app = FleetProxyApp(core, control, keys)
+    app = FleetProxyApp(core, control, keys, flow)
     served.append(app)
     return app

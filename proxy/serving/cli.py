@@ -13,6 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from proxy.serving.setting_flags import (
+    DISCOVERY_FLAGS,
+    discovery_flags,
+    fleet_flags,
+    setting_flags,
+)
+
 if TYPE_CHECKING:
     from proxy.settings import Settings
 
@@ -21,6 +28,7 @@ SUBCOMMANDS = {
     "serve": "run the proxy in front of vLLM backends",
     "reschedule": "run the rescheduler on its own against a running proxy's admin API",
     "plan": "run the autoscaling planner against a running proxy (docs/planner.md)",
+    "epp": "the endpoint picker of a Gateway API gateway, over Envoy's ext_proc",
     "demo": "a simulated vLLM fleet plus the proxy, in one command",
     "sim": "run simulated vLLM engines (see `fleet-proxy sim --help`)",
     "bench": "replay a workload against a base_url (`fleet-proxy bench -h`)",
@@ -39,22 +47,13 @@ def _serve_parser(sub: Any) -> None:
     )
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default 8000)")
-    p.add_argument(
-        "--backend",
-        action="append",
-        dest="backends",
-        metavar="URL",
-        help="a vLLM server's base URL; repeat for each backend",
-    )
-    p.add_argument("--policy", help="routing policy name (default least_requests)")
-    p.add_argument("--config", type=Path, help="YAML settings file")
+    fleet_flags(p)
     p.add_argument("--admin-token", help="protect the /admin API with this token")
     p.add_argument(
         "--api-keys-file",
         type=Path,
         help="require a client key from this file (one per line) on the OpenAI endpoints",
     )
-    p.add_argument("--log-level", help="critical|error|warning|info|debug")
     p.add_argument(
         "--workers",
         type=int,
@@ -74,14 +73,8 @@ def _serve_parser(sub: Any) -> None:
         const=True,
         help="scale the fleet's workers with the planner in this process (docs/planner.md)",
     )
-    _setting_flags(p, PLANNER_FLAGS)
-    p.add_argument(
-        "--discovery-kubernetes",
-        action="store_const",
-        const=True,
-        help="add and remove backends as Kubernetes pods come and go (docs/deploy.md)",
-    )
-    _setting_flags(p, DISCOVERY_FLAGS)
+    setting_flags(p, PLANNER_FLAGS)
+    discovery_flags(p)
 
 
 # Every rescheduler setting has a flag of its own name (`--rescheduling-interval-ms 250`);
@@ -134,31 +127,8 @@ PLANNER_FLAGS = (
 )
 
 
-# Pod discovery's settings, each a flag of its own name (`--discovery-namespace llm`).
-DISCOVERY_FLAGS = (
-    "discovery_namespace",
-    "discovery_label_selector",
-    "discovery_port",
-    "discovery_kubeconfig",
-    "discovery_drain_timeout",
-)
-
-
 def _rescheduler_flags(p: Any) -> None:
-    _setting_flags(p, RESCHEDULER_FLAGS)
-
-
-def _setting_flags(p: Any, names: tuple[str, ...]) -> None:
-    from proxy.settings import Settings
-
-    for name in names:
-        field = Settings.model_fields[name]
-        default = field.get_default(call_default_factory=True)
-        if isinstance(default, list):
-            default = ",".join(default)
-        p.add_argument(
-            "--" + name.replace("_", "-"), dest=name, metavar="V", help=f"(default {default})"
-        )
+    setting_flags(p, RESCHEDULER_FLAGS)
 
 
 def _reschedule_parser(sub: Any) -> None:
@@ -328,6 +298,10 @@ def own_parser(
     elif command == "profile-sla":
         from planner.profile_sla import build_parser as build
         from planner.profile_sla import main as run
+    elif command == "epp":
+        # Here only: grpc and Envoy's protos are loaded by this subcommand alone.
+        from proxy.serving.epp_cli import build_parser as build
+        from proxy.serving.epp_cli import main as run
     elif command == "demo":
         from proxy.serving.demo import build_parser as build
         from proxy.serving.demo import main as run

@@ -23,6 +23,12 @@ from proxy.serving.parent_death import die_with_parent
 from proxy.serving.serve import run_serve
 from proxy.settings import ConfigError, load_settings
 
+GENERATION_MODEL = "sim-llama-8b"
+# vLLM serves pooling routes (embeddings, score, rerank) only on engines running a pooling
+# model, so the demo's fleet has one beside the generation engines.
+EMBED_MODEL = "sim-embed"
+EMBED_PROFILE = "cpu-tiny-embed"
+
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
@@ -71,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="h100-llama-8b", help="simulator performance profile")
     p.add_argument("--speed", type=float, default=1.0, help="simulated clock speed-up")
     p.add_argument("--policy", default=None, help="routing policy (default: the proxy's)")
+    p.add_argument(
+        "--embedding-engines",
+        type=int,
+        default=1,
+        help=f"simulated embedding engines serving {EMBED_MODEL} (default 1; 0 for none)",
+    )
+    p.add_argument(
+        "--embedding-base-port",
+        type=int,
+        default=None,
+        help="first embedding engine port (default: after the generation engines)",
+    )
     return p
 
 
@@ -79,18 +97,28 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.engines < 1:
         p.error("--engines must be at least 1")
+    if args.embedding_engines < 0:
+        p.error("--embedding-engines must be at least 0")
 
     ports = list(range(args.sim_base_port, args.sim_base_port + args.engines))
-    busy = [port for port in [*ports, args.port] if not port_free("127.0.0.1", port)]
+    embed_base = args.embedding_base_port or args.sim_base_port + args.engines
+    embed_ports = list(range(embed_base, embed_base + args.embedding_engines))
+    all_ports = [*ports, *embed_ports, args.port]
+    busy = [port for port in all_ports if not port_free("127.0.0.1", port)]
     if busy:
         print(
             f"fleet-proxy demo: port(s) {busy} already in use; "
-            "choose others with --port / --sim-base-port",
+            "choose others with --port / --sim-base-port / --embedding-base-port",
             file=sys.stderr,
         )
         return 2
     urls = [f"http://127.0.0.1:{port}" for port in ports]
-    overrides: dict[str, object] = {"host": args.host, "port": args.port, "backends": urls}
+    embed_urls = [f"http://127.0.0.1:{port}" for port in embed_ports]
+    overrides: dict[str, object] = {
+        "host": args.host,
+        "port": args.port,
+        "backends": [*urls, *embed_urls],
+    }
     if args.policy:
         overrides["policy"] = args.policy
     try:
@@ -99,13 +127,26 @@ def main(argv: list[str]) -> int:
         print(f"fleet-proxy demo: {e}", file=sys.stderr)
         return 2
 
-    sim_cmd = [
-        sys.executable, "-m", "proxy.serving.cli", "sim",
-        "--engines", str(args.engines),
-        "--base-port", str(args.sim_base_port),
-        "--profile", args.profile,
-        "--speed", str(args.speed),
+    sim_cmds = [
+        [
+            sys.executable, "-m", "proxy.serving.cli", "sim",
+            "--engines", str(args.engines),
+            "--base-port", str(args.sim_base_port),
+            "--profile", args.profile,
+            "--speed", str(args.speed),
+        ]
     ]  # fmt: skip
+    if embed_ports:
+        sim_cmds.append(
+            [
+                sys.executable, "-m", "proxy.serving.cli", "sim",
+                "--engines", str(args.embedding_engines),
+                "--base-port", str(embed_base),
+                "--profile", EMBED_PROFILE,
+                "--model", EMBED_MODEL,
+                "--speed", str(args.speed),
+            ]
+        )  # fmt: skip
     # SIGTERM and SIGHUP would end this process where it stands (uvicorn re-raises the
     # signal once it has shut down), leaving the simulator running on its ports: turned into
     # SystemExit, they unwind through the `finally` below that ends it.
@@ -113,28 +154,41 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _exit_on_signal)
     # Started from the main thread, before the proxy starts any other (preexec_fn runs
     # between fork and exec, where only the forking thread exists).
-    child = subprocess.Popen(
-        sim_cmd,
-        stdout=subprocess.DEVNULL,
-        preexec_fn=functools.partial(die_with_parent, os.getpid()),
-    )
+    children = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
+        for cmd in sim_cmds
+    ]
     try:
-        wait_healthy(urls, 60.0, child)
+        wait_healthy(urls, 60.0, children[0])
+        if embed_urls:
+            wait_healthy(embed_urls, 60.0, children[1])
         print(
             f"simulated fleet: {args.engines} engine(s), profile {args.profile}, "
-            f"model sim-llama-8b, at {', '.join(urls)}",
+            f"model {GENERATION_MODEL}, at {', '.join(urls)}",
             flush=True,
         )
-        return run_serve(settings, model="sim-llama-8b")
+        if embed_urls:
+            print(
+                f"embedding engine(s): {len(embed_urls)}, model {EMBED_MODEL}, "
+                f"at {', '.join(embed_urls)}",
+                flush=True,
+            )
+        return run_serve(settings, model=GENERATION_MODEL)
     except RuntimeError as e:
         print(f"fleet-proxy demo: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the proxy was up
         return 130
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()

@@ -116,7 +116,7 @@ def _free_port() -> int:
 
 
 def test_demo_command_serves_and_stops_cleanly() -> None:
-    port, sim_port = _free_port(), _free_port()
+    port, sim_port, embed_port = _free_port(), _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_PROXY_")}
     proc = subprocess.Popen(
         [
@@ -130,6 +130,8 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
             "1",
             "--sim-base-port",
             str(sim_port),
+            "--embedding-base-port",
+            str(embed_port),
             "--speed",
             "10",
         ],
@@ -161,6 +163,21 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
         )
         assert message.usage.output_tokens == 4 and message.content
         claude.close()
+        # And the openai SDK's embeddings and Responses calls: the demo's fleet has an
+        # embedding engine beside the generation ones, and the proxy keeps the threads.
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=10
+        )
+        vectors = client.embeddings.create(model="sim-embed", input=["a fleet", "a router"])
+        assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 256
+        first = client.responses.create(model=MODEL, input="Name a colour", max_output_tokens=4)
+        then = client.responses.create(
+            model=MODEL, input="And another?", previous_response_id=first.id, max_output_tokens=4
+        )
+        assert then.previous_response_id == first.id and then.output_text
+        assert first.usage is not None and then.usage is not None
+        assert then.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        client.close()
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
@@ -170,6 +187,8 @@ def test_demo_command_serves_and_stops_cleanly() -> None:
     # The simulator child is gone with the proxy: nothing answers on its port.
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{sim_port}/health", timeout=2)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{embed_port}/health", timeout=2)
 
 
 async def test_remote_token_counting_charges_the_backends_own_count(fleet: SimFleet) -> None:

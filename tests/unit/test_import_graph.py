@@ -14,7 +14,16 @@ from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("proxy", "policies", "fleet", "rescheduler", "planner", "simulator", "bench")
+PACKAGES = (
+    "proxy",
+    "policies",
+    "flowcontrol",
+    "fleet",
+    "rescheduler",
+    "planner",
+    "simulator",
+    "bench",
+)
 
 # proxy/'s layers from the bottom up, and which layers each may import (itself included
 # where a layer's modules may import one another).
@@ -28,8 +37,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "ports": frozenset({"stream", "leaves", "backends"}),
     "request": frozenset({"stream", "leaves", "backends", "ports", "request"}),
     "control": frozenset({"stream", "leaves", "backends", "ports", "request", "control"}),
+    "gateway": frozenset({"stream", "leaves", "backends", "ports", "request", "gateway"}),
     "serving": frozenset(
-        {"stream", "leaves", "backends", "ports", "request", "control", "serving"}
+        {"stream", "leaves", "backends", "ports", "request", "control", "gateway", "serving"}
     ),
 }
 COMPOSITION_ROOT = "proxy.serving"

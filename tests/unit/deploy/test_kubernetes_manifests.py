@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from fleet.inference_pool import pool_target
 from fleet.kube import PodInfo
 from fleet.pod_backends import backend_from_pod
 from fleet.types import Role
+from proxy.serving.epp_cli import build_parser as build_epp_parser
 from proxy.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[3]
@@ -53,10 +55,19 @@ def test_every_file_holds_the_kinds_it_should() -> None:
         "proxy.yaml": ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"],
         "planner-rbac.yaml": ["Role", "RoleBinding"],
         "vllm.yaml": ["Deployment"],
+        "gateway.yaml": [
+            "Deployment",
+            "HTTPRoute",
+            "InferencePool",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ],
     }
 
 
-@pytest.mark.parametrize("name", ["proxy.yaml", "vllm.yaml"])
+@pytest.mark.parametrize("name", ["proxy.yaml", "vllm.yaml", "gateway.yaml"])
 def test_deployment_selectors_match_their_pod_labels(name: str) -> None:
     deployment = one(documents(name), "Deployment")
     selector = deployment["spec"]["selector"]["matchLabels"]
@@ -175,10 +186,57 @@ def test_the_proxy_runs_as_the_images_unprivileged_user() -> None:
     assert c["capabilities"]["drop"] == ["ALL"]
 
 
-@pytest.mark.parametrize("name", ["proxy.yaml", "vllm.yaml"])
+@pytest.mark.parametrize("name", ["proxy.yaml", "vllm.yaml", "gateway.yaml"])
 def test_the_pods_metrics_are_annotated_for_prometheus(name: str) -> None:
     annotations = pod_template(name)["metadata"]["annotations"]
     c = container(one(documents(name), "Deployment"))
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
     assert int(annotations["prometheus.io/port"]) in {p["containerPort"] for p in c["ports"]}
+
+
+def test_the_gateway_pool_selects_the_engine_pods_and_names_the_picker() -> None:
+    docs = documents("gateway.yaml")
+    pool = one(docs, "InferencePool")
+    target = pool_target(pool)
+    engine = one(documents("vllm.yaml"), "Deployment")
+    labels = engine["spec"]["template"]["metadata"]["labels"]
+    assert dict(kv.split("=") for kv in target.selector.split(",")).items() <= labels.items()
+    assert f"--port={target.port}" in container(engine)["args"]
+    service = one(docs, "Service")
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref["name"] == service["metadata"]["name"]
+    assert ref["port"]["number"] in {p["port"] for p in service["spec"]["ports"]}
+    route = one(docs, "HTTPRoute")
+    (backend,) = route["spec"]["rules"][0]["backendRefs"]
+    assert (backend["kind"], backend["name"]) == ("InferencePool", pool["metadata"]["name"])
+
+
+def test_the_picker_runs_the_command_line_it_documents() -> None:
+    docs = documents("gateway.yaml")
+    deployment = one(docs, "Deployment")
+    c = container(deployment)
+    assert c["args"][0] == "epp"
+    args = build_epp_parser().parse_args(c["args"][1:])
+    assert args.pool_name == one(docs, "InferencePool")["metadata"]["name"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert (args.port, args.metrics_port) == (ports["grpc"], ports["metrics"])
+    assert args.host == "0.0.0.0"
+    assert c["livenessProbe"]["grpc"] == {"port": args.port, "service": "liveness"}
+    assert c["readinessProbe"]["grpc"] == {"port": args.port, "service": "readiness"}
+    service = one(docs, "Service")
+    assert (
+        service["spec"]["selector"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
+    assert rules(one(docs, "Role")) == {
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("inference.networking.k8s.io", "inferencepools", "get"),
+    }
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
+    assert one(docs, "RoleBinding")["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    assert c["image"] == container(one(documents("proxy.yaml"), "Deployment"))["image"]

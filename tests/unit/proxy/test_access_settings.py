@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.serving.access import ClientKeys, RequireClientKey
+from proxy.serving.access import ClientKeys, RequireClientKey, client_keys
 from proxy.serving.cli import build_settings, main
 from proxy.serving.serve import exposure_warnings
 from proxy.settings import ConfigError, load_settings
@@ -114,3 +114,30 @@ def test_public_listeners_warn_about_admin_and_keys() -> None:
         load_settings({"host": "0.0.0.0", "admin_token": "t", "api_keys": ["k"]})
     )
     assert closed == []
+
+
+def test_a_key_may_name_its_tenant_in_the_settings_and_the_keys_file(tmp_path: Path) -> None:
+    s = load_settings({"api_keys": ["plain-key", {"key": "team-key", "tenant": "team-a"}]})
+    assert s.client_keys() == [("plain-key", None), ("team-key", "team-a")]
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("file-key tenant=team-b  # a comment\nother-key\n")
+    keys = client_keys(s.client_keys(), keys_file)
+    assert keys is not None
+    assert keys.allows("Bearer team-key") and keys.allows("Bearer file-key")
+    assert keys.tenant("Bearer team-key") == "team-a"
+    assert keys.tenant("Bearer file-key") == "team-b"
+    assert keys.tenant("Bearer plain-key") is None
+    assert keys.tenant("Bearer other-key") is None
+    assert keys.tenant(None) is None
+
+
+def test_api_keys_with_tenants_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_PROXY_API_KEYS", '["k-1", {"key": "k-2", "tenant": "t"}]')
+    assert load_settings({}).client_keys() == [("k-1", None), ("k-2", "t")]
+
+
+def test_a_keys_file_line_naming_no_tenant_stops_start_up(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("good-key\nother-key tenant=\n")
+    with pytest.raises(ValueError, match="line 2: `tenant=` names no tenant"):
+        client_keys([], keys_file)

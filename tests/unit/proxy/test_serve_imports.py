@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[3]
 KUBERNETES = ("kubernetes_asyncio", "aiohttp")
 TENSORBOARD = ("tensorboardX", "numpy", "google.protobuf")
 KV_EVENTS = ("zmq",)
+# The endpoint picker's gRPC server and Envoy's protos: `fleet-proxy epp` only.
+GATEWAY = ("grpc", "envoy")
 
 # The app built as `fleet-proxy serve ARGS` builds it, short of serving; then, if asked, its
 # start-up run and what the colocated planner's TensorBoard writer makes of one sample.
@@ -53,7 +55,7 @@ BUILD = textwrap.dedent(
     report["started"] = [m for m in HEAVY if m in sys.modules]
     print(json.dumps(report))
     """
-).format(heavy=KUBERNETES + TENSORBOARD + KV_EVENTS)
+).format(heavy=KUBERNETES + TENSORBOARD + KV_EVENTS + GATEWAY)
 
 
 def serve(*argv: str) -> dict[str, Any]:
@@ -72,7 +74,7 @@ def serve(*argv: str) -> dict[str, Any]:
     return report
 
 
-def test_a_plain_proxy_loads_neither_the_kubernetes_client_nor_tensorboard() -> None:
+def test_a_plain_proxy_loads_neither_the_kubernetes_client_nor_tensorboard_nor_grpc() -> None:
     report = serve("--backend", "http://127.0.0.1:1")
     assert report["built"] == [] and report["started"] == []
 

@@ -1,0 +1,102 @@
+"""The `flow_control` settings block (YAML, like `routing`): absent, flow control is off."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from flowcontrol.saturation import SaturationThresholds
+
+
+class SaturationConfig(BaseModel):
+    """When a model's pool counts as saturated: llm-d's saturation detector's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # An endpoint with this many requests waiting (engine queue, plus what the proxy sent that
+    # no scrape shows yet) has no room.
+    queue_depth_threshold: int = Field(5, ge=1)
+    # An endpoint whose KV cache is this full (0..1) has no room.
+    kv_cache_util_threshold: float = Field(0.8, gt=0, le=1, allow_inf_nan=False)
+    # How late an endpoint's scrape may be past `scrape_interval` before its numbers are not
+    # trusted (and it counts as having no room).
+    metrics_staleness_threshold: float = Field(0.2, ge=0, allow_inf_nan=False)
+
+    def thresholds(self, scrape_interval: float) -> SaturationThresholds:
+        return SaturationThresholds(
+            self.queue_depth_threshold,
+            self.kv_cache_util_threshold,
+            self.metrics_staleness_threshold + scrape_interval,
+        )
+
+
+class BandConfig(BaseModel):
+    """Limits of one priority band, overriding the defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue_ttl: float | None = Field(None, gt=0, allow_inf_nan=False)
+    capacity: int | None = Field(None, ge=0)
+    tenant_capacity: int | None = Field(None, ge=0)
+
+
+class FlowControlConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Who is asking: the tenant comes from the client's API key when `api_keys` names one,
+    # else from this header, else "default".
+    fairness_header: str = "x-gateway-fairness-id"
+    # An objective's name (priority from `objectives`) or a number (the priority itself).
+    objective_header: str = "x-gateway-inference-objective"
+    priority_header: str = "x-gateway-priority"
+    # Objective name -> priority. Higher goes first; below 0 is sheddable (429 when shed).
+    objectives: dict[str, int] = Field(default_factory=dict)
+    # A tenant's priority when its request names none (else 0).
+    tenant_priorities: dict[str, int] = Field(default_factory=dict)
+    # Between tenants of a band: `round_robin` (a request each in turn) or `token_weighted`
+    # (equal shares of prompt tokens).
+    fairness: Literal["round_robin", "token_weighted"] = "round_robin"
+    # Inside a tenant: `fcfs`, or `las` (least attained service per `x-program-id`).
+    ordering: Literal["fcfs", "las"] = "fcfs"
+    # With `las`: a request waiting longer than this (seconds) goes before the rest of its
+    # tenant's, oldest first.
+    starvation_threshold: float = Field(5.0, gt=0, allow_inf_nan=False)
+    # Defaults of every band: seconds a request may wait, requests a band holds, and requests
+    # one tenant may hold in a band.
+    queue_ttl: float = Field(30.0, gt=0, allow_inf_nan=False)
+    band_capacity: int = Field(1000, ge=0)
+    tenant_capacity: int = Field(200, ge=0)
+    # Per priority, limits other than the defaults.
+    bands: dict[int, BandConfig] = Field(default_factory=dict)
+    saturation: SaturationConfig = Field(
+        default_factory=lambda: SaturationConfig.model_validate({})
+    )
+    # While requests wait, how often the pool is checked again even when nothing finished
+    # (scrapes change it too).
+    recheck_interval: float = Field(0.05, gt=0, le=5, allow_inf_nan=False)
+    # Suspend a running sheddable stream (movable_requests) while a request of a higher band
+    # waits on its saturated pool: it is cut after the tokens its client has, queued again in
+    # its band, and continued token-exact when dispatched.
+    preemption: bool = False
+    # What a refused client is told to wait (seconds) before it tries again.
+    retry_after: int = Field(1, ge=0)
+
+    @field_validator("fairness_header", "objective_header", "priority_header")
+    @classmethod
+    def _lower_case(cls, v: str) -> str:
+        name = v.strip().lower()
+        if not name or any(not ("\x21" <= c <= "\x7e") or c == ":" for c in name):
+            raise ValueError(f"{v!r} is not an HTTP header name")
+        return name
+
+    def band(self, priority: int) -> tuple[float, int, int]:
+        """(queue_ttl, capacity, tenant_capacity) of the band of `priority`."""
+        b = self.bands.get(priority)
+        if b is None:
+            return self.queue_ttl, self.band_capacity, self.tenant_capacity
+        return (
+            self.queue_ttl if b.queue_ttl is None else b.queue_ttl,
+            self.band_capacity if b.capacity is None else b.capacity,
+            self.tenant_capacity if b.tenant_capacity is None else b.tenant_capacity,
+        )

@@ -1,0 +1,190 @@
+"""The dispatch core of one model's pool: bands by priority, tenants inside a band, requests
+inside a tenant. `offer` enqueues (or refuses when full), `decide` says what to do now: refuse
+what waited past its band's TTL, and dispatch the next request when the pool has room.
+
+Strict priority between bands: a band is served only while every higher one is empty.
+No I/O, no clock of its own: the caller passes `now` and whether the pool is saturated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from flowcontrol.policies import Fairness, Ordering, Waiting
+
+# Why a request was refused.
+TTL_EXPIRED = "ttl_expired"
+BAND_FULL = "band_full"
+TENANT_FULL = "tenant_full"
+REJECT_REASONS = (TTL_EXPIRED, BAND_FULL, TENANT_FULL)
+
+
+class Dispatch(NamedTuple):
+    request: Waiting
+
+
+class Reject(NamedTuple):
+    request: Waiting
+    reason: str
+
+
+Action = Dispatch | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class BandLimits:
+    queue_ttl: float
+    capacity: int
+    tenant_capacity: int
+
+
+@dataclass(slots=True)
+class _Band:
+    priority: int
+    limits: BandLimits
+    fairness: Fairness
+    tenants: dict[str, list[Waiting]]
+    count: int = 0
+
+
+class FlowQueues:
+    """The waiting requests of one pool. `limits(priority)` gives a band's limits,
+    `fairness()` a fresh policy for a new band; `ordering` is shared by all pools."""
+
+    def __init__(
+        self,
+        limits: Callable[[int], BandLimits],
+        fairness: Callable[[], Fairness],
+        ordering: Ordering,
+    ) -> None:
+        self._limits = limits
+        self._fairness = fairness
+        self._ordering = ordering
+        self._bands: dict[int, _Band] = {}
+        self._order: list[int] = []  # band priorities, highest first
+        self.count = 0
+
+    def deadline(self, priority: int, now: float) -> float:
+        """When a request of `priority` arriving `now` would expire."""
+        return now + self._limits(priority).queue_ttl
+
+    def offer(self, w: Waiting) -> Reject | None:
+        """Enqueue `w`, or the refusal when its band or its tenant's share of it is full."""
+        band = self._band(w.priority)
+        if band.count >= band.limits.capacity:
+            return Reject(w, BAND_FULL)
+        queue = band.tenants.get(w.tenant)
+        if queue is None:
+            if band.limits.tenant_capacity < 1:
+                return Reject(w, TENANT_FULL)
+            band.tenants[w.tenant] = [w]
+            band.fairness.activated(w.tenant)
+        elif len(queue) >= band.limits.tenant_capacity:
+            return Reject(w, TENANT_FULL)
+        else:
+            queue.append(w)
+        band.count += 1
+        self.count += 1
+        return None
+
+    def remove(self, w: Waiting) -> bool:
+        """Take `w` out (its client left); False when it is not waiting here."""
+        band = self._bands.get(w.priority)
+        queue = band.tenants.get(w.tenant) if band is not None else None
+        if band is None or queue is None:
+            return False
+        try:
+            queue.remove(w)
+        except ValueError:
+            return False
+        self._left(band, w.tenant, queue)
+        return True
+
+    def decide(self, saturated: bool, now: float) -> list[Action]:
+        """Expired requests to refuse, then, when the pool has room, one to dispatch (the
+        caller accounts for it and asks again)."""
+        actions: list[Action] = [Reject(w, TTL_EXPIRED) for w in self._expire(now)]
+        if not saturated and self.count:
+            actions.append(Dispatch(self._next(now)))
+        return actions
+
+    def _next(self, now: float) -> Waiting:
+        for priority in self._order:  # strict: the highest band with anything waiting
+            band = self._bands[priority]
+            if band.count:
+                tenant = band.fairness.pick()
+                queue = band.tenants[tenant]
+                w = self._ordering.pick(queue, now)
+                queue.remove(w)
+                band.fairness.dispatched(tenant, w.cost)
+                self._ordering.credit(w.program, w.cost)
+                self._left(band, tenant, queue)
+                return w
+        raise AssertionError("_next with nothing waiting")
+
+    def _expire(self, now: float) -> list[Waiting]:
+        expired: list[Waiting] = []
+        for band in self._bands.values():
+            if not band.count:
+                continue
+            for tenant, queue in list(band.tenants.items()):
+                # A band's TTL is one number: a tenant's queue expires from its oldest on.
+                n = 0
+                while n < len(queue) and queue[n].deadline <= now:
+                    n += 1
+                if n:
+                    expired += queue[:n]
+                    del queue[:n]
+                    self._left(band, tenant, queue, n)
+        return expired
+
+    def _left(self, band: _Band, tenant: str, queue: list[Waiting], n: int = 1) -> None:
+        band.count -= n
+        self.count -= n
+        if not queue:
+            del band.tenants[tenant]
+            band.fairness.deactivated(tenant)
+
+    def _band(self, priority: int) -> _Band:
+        band = self._bands.get(priority)
+        if band is None:
+            band = _Band(priority, self._limits(priority), self._fairness(), {})
+            self._bands[priority] = band
+            self._order = sorted(self._bands, reverse=True)
+        return band
+
+    def top_priority(self) -> int | None:
+        """The highest band with requests waiting; None when none waits."""
+        for priority in self._order:
+            if self._bands[priority].count:
+                return priority
+        return None
+
+    def depths(self) -> dict[tuple[int, str], int]:
+        """Requests waiting per (priority, tenant)."""
+        return {(p, t): len(q) for p, band in self._bands.items() for t, q in band.tenants.items()}
+
+    def view(self, now: float) -> list[dict[str, Any]]:
+        """The bands for `GET /admin/flow`, highest priority first."""
+        out: list[dict[str, Any]] = []
+        for priority in self._order:
+            band = self._bands[priority]
+            out.append(
+                {
+                    "priority": priority,
+                    "waiting": band.count,
+                    "capacity": band.limits.capacity,
+                    "queue_ttl": band.limits.queue_ttl,
+                    "tenants": {
+                        t: {
+                            "waiting": len(q),
+                            "oldest_wait_s": round(now - q[0].arrived, 3),
+                            "prompt_tokens": sum(w.cost for w in q),
+                        }
+                        for t, q in band.tenants.items()
+                    },
+                }
+            )
+        return out

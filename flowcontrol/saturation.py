@@ -1,0 +1,51 @@
+"""Whether a model's pool has room: llm-d's saturation detector, over what the proxy already
+scrapes. An endpoint has room when its scrape is fresh, fewer than `queue_depth` requests wait
+on it and its KV cache is below `kv_cache_util`; the pool is saturated when none has room.
+
+The engine's waiting count lags the proxy by up to a scrape: requests the proxy has sent there
+beyond what the engine reports (running + waiting) are counted as waiting too, so a burst
+dispatched between two scrapes cannot overfill an endpoint the scrape still shows empty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationThresholds:
+    queue_depth: int = 5
+    kv_cache_util: float = 0.8
+    # Seconds since a scrape past which its numbers are not trusted.
+    metrics_staleness: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSignals:
+    """One endpoint's numbers: its engine's latest scrape, and the proxy's requests on it."""
+
+    waiting: float
+    running: float
+    kv_usage: float  # 0..1
+    scrape_age: float  # seconds
+    in_flight: int  # this proxy's requests on the endpoint
+
+
+def endpoint_load(s: EndpointSignals, t: SaturationThresholds) -> float:
+    """How full the endpoint is against the thresholds: 1.0 or more has no room."""
+    if s.scrape_age > t.metrics_staleness:
+        return math.inf
+    unseen = max(0.0, s.in_flight - s.running - s.waiting)
+    return max((s.waiting + unseen) / t.queue_depth, s.kv_usage / t.kv_cache_util)
+
+
+def pool_saturation(signals: Iterable[EndpointSignals], t: SaturationThresholds) -> float:
+    """The least full endpoint's load: the pool is saturated at 1.0 or more (and with no
+    endpoint at all)."""
+    return min((endpoint_load(s, t) for s in signals), default=math.inf)
+
+
+def saturated(signals: Iterable[EndpointSignals], t: SaturationThresholds) -> bool:
+    return pool_saturation(signals, t) >= 1.0

@@ -1,0 +1,444 @@
+"""Flow control at the gateway: while a model's backends are saturated, its requests wait
+here, by priority band, tenant and program, and are routed when dispatched (late binding: the
+routing decision is made then, with the fleet as it is then). Below saturation a request
+passes after one check of the pool. Off unless `flow_control` is configured: the Forwarder
+then holds None and tests one attribute.
+
+The decisions are flowcontrol/'s pure functions; this module is the loop around them: it
+reads the fleet, wakes the waiting requests, and watches their clients while they wait.
+One dispatch at a time per pool: the next waits until the last has been routed (charged to
+its backend), so the saturation check counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from flowcontrol.config import FlowControlConfig
+from flowcontrol.core import BAND_FULL, TENANT_FULL, TTL_EXPIRED, BandLimits, FlowQueues, Reject
+from flowcontrol.identity import Identify
+from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, Waiting
+from flowcontrol.saturation import EndpointSignals, pool_saturation
+from policies.policy import RequestContext
+from proxy.asgi import Receive
+from proxy.errors import ProxyError
+from proxy.ports import FlowTicket, RequestServices
+
+log = logging.getLogger("fleet_proxy.flow_control")
+
+# A request's way out of the queue: the `outcome` label of the queue-duration histogram,
+# with llm-d's names.
+DISPATCHED = "Dispatched"
+OUTCOMES = {
+    TTL_EXPIRED: "EvictedTTL",
+    BAND_FULL: "RejectedCapacity",
+    TENANT_FULL: "RejectedCapacity",
+}
+CLIENT_LEFT = "EvictedContextCancelled"
+
+
+class FlowGate:
+    """The proxy's `FlowControl`. `key_tenant(authorization)`: the tenant the client's
+    accepted API key names (None without client keys)."""
+
+    def __init__(
+        self,
+        config: FlowControlConfig,
+        core: RequestServices,
+        key_tenant: Callable[[str | None], str | None] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._config = config
+        self._core = core
+        self._key_tenant = key_tenant
+        self._identify = Identify(config)
+        self._thresholds = config.saturation.thresholds(core.settings.scrape_interval)
+        self._fairness = FAIRNESS[config.fairness]
+        self._known_priorities = frozenset(
+            [0, *config.objectives.values(), *config.tenant_priorities.values(), *config.bands]
+        )
+        self.ordering: Ordering = ORDERING[config.ordering](config.starvation_threshold)
+        self.pools: dict[str, FlowQueues] = {}
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._unbound: dict[str, int] = {}  # dispatched, not yet routed, per pool
+        self._seq = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.Task[None] | None = None
+        self._waited: Histogram | None = None
+        self._preempted: Counter | None = None
+        # Preemption: per pool, the sheddable streams it let through, by ticket key; the
+        # suspension under way per pool (one at a time), and the keys suspended now.
+        self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
+        self._suspending: dict[str, asyncio.Task[Any]] = {}
+        self._suspended: set[int] = set()
+        if registry is not None:
+            self._bind_metrics(registry)
+
+    def _limits(self, priority: int) -> BandLimits:
+        return BandLimits(*self._config.band(priority))
+
+    # --- the request's side
+
+    async def admit(self, ctx: RequestContext, receive: Receive) -> FlowTicket:
+        headers = ctx.headers
+        key_tenant = self._key_tenant
+        who = self._identify(
+            headers, key_tenant(headers.get("authorization")) if key_tenant else None
+        )
+        model = ctx.model
+        now = self._core.clock.now()
+        pool = self.pools.get(model)
+        # Nothing queued before it and room in the pool: through at once.
+        if (
+            (pool is None or not pool.count)
+            and not self._unbound.get(model)
+            and self.saturation(model, now) < 1.0
+        ):
+            self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
+            self._observe(who.priority, model, DISPATCHED, 0.0)
+            ticket = FlowTicket(who.tenant, who.priority, 0.0, ctx.program_id, next(self._seq))
+            return self._admitted(ctx, ticket)
+        pool, w = self._waiting(model, who.tenant, who.priority, ctx, now)
+        slot = self._enqueue(pool, w, model)
+        left = asyncio.ensure_future(_client_leaves(receive))
+        try:
+            await asyncio.wait((slot, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dispatched = self._leave(pool, w, model, slot)
+            if not left.done():
+                left.cancel()
+        waited = self._core.clock.now() - w.arrived
+        if left.done() and not left.cancelled() and not dispatched:
+            left.exception()  # a receive() that failed: the client is gone all the same
+            self._observe(w.priority, model, CLIENT_LEFT, waited)
+            raise ProxyError(499, "client disconnected while its request was queued")
+        error = slot.exception()
+        if error is not None:
+            raise error
+        self._observe(w.priority, model, DISPATCHED, waited)
+        return self._admitted(ctx, FlowTicket(w.tenant, w.priority, waited, w.program, w.seq))
+
+    def _waiting(
+        self, model: str, tenant: str, priority: int, ctx: RequestContext, now: float
+    ) -> tuple[FlowQueues, Waiting]:
+        """The pool of `model` (made on its first queued request) and the request to queue."""
+        pool = self.pools.get(model)
+        if pool is None:
+            pool = self.pools[model] = FlowQueues(self._limits, self._fairness, self.ordering)
+        deadline = pool.deadline(priority, now)
+        seq = next(self._seq)
+        return pool, Waiting(
+            seq, tenant, priority, ctx.program_id, ctx.prompt_tokens, now, deadline
+        )
+
+    def _enqueue(self, pool: FlowQueues, w: Waiting, model: str) -> asyncio.Future[None]:
+        """Queue `w`: the future the dispatch loop resolves (or fails with the refusal)."""
+        refused = pool.offer(w)
+        if refused is not None:
+            self._observe(w.priority, model, OUTCOMES[refused.reason], 0.0)
+            raise self._refusal(w, refused.reason)
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[w.seq] = slot
+        self._kick()
+        return slot
+
+    def _leave(self, pool: FlowQueues, w: Waiting, model: str, slot: asyncio.Future[None]) -> bool:
+        """`w` stops waiting (dispatched, refused, or its client gone); whether dispatched."""
+        del self._waiters[w.seq]
+        dispatched = slot.done() and not slot.cancelled() and slot.exception() is None
+        if not slot.done():
+            slot.cancel()
+            pool.remove(w)
+        if dispatched:
+            self._bound(model)
+        return dispatched
+
+    def _admitted(self, ctx: RequestContext, ticket: FlowTicket) -> FlowTicket:
+        if self._config.preemption and ticket.priority < 0 and ctx.stream:
+            self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
+        return ticket
+
+    def done(self, ticket: FlowTicket, completion_tokens: int | None) -> None:
+        if self._sheddable:
+            self._forget_sheddable(ticket.key)
+        if completion_tokens:
+            self.ordering.credit(ticket.program, completion_tokens)
+        if self._waiters:
+            self._kick()  # its room may go to a queued request now
+
+    def _bound(self, model: str) -> None:
+        """A dispatched request goes on to be routed (and charged) without yielding."""
+        left = self._unbound[model] - 1
+        if left:
+            self._unbound[model] = left
+        else:
+            del self._unbound[model]
+        if self._waiters:
+            self._kick()
+
+    # --- the pool
+
+    def saturation(self, model: str, now: float) -> float:
+        """llm-d's saturation of the backends that may take `model` now (1.0 or more: none has
+        room). With no candidate at all, 0: routing answers such a request at once (404 or
+        503), waiting would only delay that."""
+        signals = []
+        for b in self._core.fleet.candidates(model, now):
+            snap = b.snapshot
+            if snap is None:
+                continue
+            m = snap.metrics
+            load = b.load
+            signals.append(
+                EndpointSignals(
+                    m.waiting,
+                    m.running,
+                    m.kv_usage,
+                    now - snap.taken_at,
+                    load.in_flight + load.peer_in_flight,
+                )
+            )
+        if not signals:
+            return 0.0
+        return pool_saturation(signals, self._thresholds)
+
+    # --- the dispatch loop: runs while anything waits
+
+    def _kick(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.create_task(self._run(), name="flow-control")
+
+    async def _run(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        interval = self._config.recheck_interval
+        while self._waiters:
+            wake.clear()
+            try:
+                self._cycle()
+            except Exception:
+                # The queue must keep moving (or expiring): the next cycle tries again.
+                log.exception("flow control's dispatch cycle failed")
+            if self._waiters:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), interval)
+
+    def _cycle(self) -> None:
+        now = self._core.clock.now()
+        for model, pool in list(self.pools.items()):
+            if not pool.count:
+                if not self._unbound.get(model):
+                    del self.pools[model]  # recreated on its next queued request
+                continue
+            routing = self._unbound.get(model, 0) > 0  # the last dispatch is not counted yet
+            full = routing or self.saturation(model, now) >= 1.0
+            preemptable = self._sheddable.get(model) and model not in self._suspending
+            if full and not routing and preemptable:
+                self._preempt(model, pool)
+            for action in pool.decide(full, now):
+                slot = self._waiters.get(action.request.seq)
+                if slot is None or slot.done():
+                    continue
+                if isinstance(action, Reject):
+                    w = action.request
+                    slot.set_exception(self._refusal(w, action.reason))
+                    self._observe(w.priority, model, OUTCOMES[action.reason], now - w.arrived)
+                else:
+                    self._unbound[model] = self._unbound.get(model, 0) + 1
+                    slot.set_result(None)
+
+    # --- preemption
+
+    def _preempt(self, model: str, pool: FlowQueues) -> None:
+        """Suspend the latest sheddable stream of a lower band than the highest one waiting."""
+        top = pool.top_priority()
+        if top is None:
+            return
+        running = [
+            (t, ctx)
+            for t, ctx in self._sheddable[model].values()
+            if t.priority < top and t.key not in self._suspended
+        ]
+        # The lowest band first; in it the latest to start, which has the least to lose.
+        for ticket, ctx in sorted(running, key=lambda r: (r[0].priority, -r[0].key)):
+            entries = self._core.live.find(ctx.request_id)
+            if len(entries) != 1:
+                continue  # a request id shared by several clients: not this one to guess
+            entry = entries[0]
+            if not entry.running or entry.movable_reason(planned=True):
+                continue
+            self._suspended.add(ticket.key)
+
+            async def hold(ticket: FlowTicket = ticket, ctx: RequestContext = ctx) -> None:
+                await self._requeue(model, ticket, ctx)
+
+            task = asyncio.create_task(entry.move(None, "preempted", kind="recompute", hold=hold))
+            self._suspending[model] = task
+            task.add_done_callback(functools.partial(self._suspension_over, model, ticket.key))
+            if self._preempted is not None:
+                self._preempted.labels(model).inc()
+            log.info("request %s suspended for a priority %d request", ctx.request_id, top)
+            return
+
+    async def _requeue(self, model: str, ticket: FlowTicket, ctx: RequestContext) -> None:
+        """A suspended stream waits in its band again; raises the refusal (TTL, capacity)."""
+        self._suspending.pop(model, None)  # cut: the pool may suspend another now
+        now = self._core.clock.now()
+        pool, w = self._waiting(model, ticket.tenant, ticket.priority, ctx, now)
+        slot = self._enqueue(pool, w, model)
+        try:
+            await asyncio.shield(slot)  # a cancellation leaves it to _leave to dequeue
+        finally:
+            self._leave(pool, w, model, slot)
+            self._suspended.discard(ticket.key)
+        self._observe(w.priority, model, DISPATCHED, self._core.clock.now() - now)
+
+    def _suspension_over(self, model: str, key: int, task: asyncio.Task[Any]) -> None:
+        if self._suspending.get(model) is task:
+            del self._suspending[model]
+        self._suspended.discard(key)
+        if not task.cancelled():
+            task.exception()  # NotMovable (it ended or moved meanwhile): nothing to do
+
+    def _forget_sheddable(self, key: int) -> None:
+        for model, running in list(self._sheddable.items()):
+            if running.pop(key, None) is not None:
+                if not running:
+                    del self._sheddable[model]
+                return
+
+    def _refusal(self, w: Waiting, reason: str) -> ProxyError:
+        if reason == TTL_EXPIRED:
+            ttl = self._config.band(w.priority)[0]
+            why = f"waited {ttl:g} s in the flow-control queue (priority {w.priority})"
+        else:
+            scope = "priority band" if reason == BAND_FULL else f"tenant {w.tenant!r}'s queue"
+            why = f"the {scope} at priority {w.priority} is full"
+        retry = [(b"retry-after", str(self._config.retry_after).encode())]
+        if w.priority < 0:  # sheddable: the client's rate, OpenAI's rate-limit shape
+            return ProxyError(
+                429,
+                f"the model's backends are saturated and this sheddable request was shed: {why}",
+                type="rate_limit_error",
+                code=reason,
+                headers=retry,
+            )
+        return ProxyError(
+            503,
+            f"the model's backends are saturated: {why}; retry shortly",
+            type="service_unavailable",
+            code=reason,
+            headers=retry,
+        )
+
+    # --- what is shown
+
+    def _bind_metrics(self, registry: CollectorRegistry) -> None:
+        self._waited = Histogram(
+            "llm_d_epp_flow_control_request_queue_duration_seconds",
+            "Seconds a request spent in the flow-control queue, by how it left (outcome)",
+            ["priority", "outcome", "model_name"],
+            buckets=(0.0, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf),
+            registry=registry,
+        )
+        self._preempted = Counter(
+            "fleet_proxy_flow_control_preemptions",
+            "Sheddable streams suspended for a higher band's waiting request",
+            ["model_name"],
+            registry=registry,
+        )
+        registry.register(_FlowCollector(self))
+
+    def _observe(self, priority: int, model: str, outcome: str, waited: float) -> None:
+        if self._waited is not None:
+            # A number from a header is the client's to choose: labelled only when configured.
+            label = str(priority) if priority in self._known_priorities else "other"
+            self._waited.labels(label, outcome, model).observe(waited)
+
+    def gauges(self) -> Iterator[tuple[str, int, float, dict[tuple[int, str], int]]]:
+        """Per model served now or with requests waiting: (model, waiting, saturation,
+        waiting per (priority, tenant))."""
+        now = self._core.clock.now()
+        models = dict.fromkeys([*self._core.fleet.models(now), *self.pools])
+        for model in models:
+            pool = self.pools.get(model)
+            depths = pool.depths() if pool is not None else {}
+            yield model, pool.count if pool is not None else 0, self.saturation(model, now), depths
+
+    def view(self) -> dict[str, Any]:
+        """`GET /admin/flow`: the configuration's gist and every pool's queues."""
+        now = self._core.clock.now()
+        c = self._config
+        return {
+            "fairness": c.fairness,
+            "ordering": c.ordering,
+            "waiting": len(self._waiters),
+            "pools": {
+                model: {
+                    "saturation": _finite(self.saturation(model, now)),
+                    "waiting": pool.count,
+                    "bands": pool.view(now),
+                }
+                for model, pool in self.pools.items()
+            },
+            "attained_service": self.ordering.stats(),
+        }
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) else round(value, 4)
+
+
+async def _client_leaves(receive: Receive) -> None:
+    # The body has been read: what receive() says next is that the client left.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _FlowCollector(Collector):
+    """The queues at scrape time: a series per (pool, band, tenant) with requests waiting, and
+    one total per pool that stays (0 when empty), for alerts."""
+
+    def __init__(self, gate: FlowGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gate = self._gate
+        size = GaugeMetricFamily(
+            "llm_d_epp_flow_control_queue_size",
+            "Requests waiting in the flow-control queue",
+            labels=["fairness_id", "priority", "model_name"],
+        )
+        total = GaugeMetricFamily(
+            "fleet_proxy_flow_control_waiting",
+            "Requests waiting in the flow-control queue of each model's pool",
+            labels=["model_name"],
+        )
+        saturation = GaugeMetricFamily(
+            "llm_d_epp_flow_control_pool_saturation",
+            "Saturation of each model's pool: the least loaded backend's load against the "
+            "thresholds (1.0 or more: saturated)",
+            labels=["model_name"],
+        )
+        for model, waiting, level, depths in gate.gauges():
+            total.add_metric([model], waiting)
+            saturation.add_metric([model], level if not math.isinf(level) else 1e9)
+            for (priority, tenant), n in depths.items():
+                size.add_metric([tenant, str(priority), model], n)
+        yield size
+        yield total
+        yield saturation

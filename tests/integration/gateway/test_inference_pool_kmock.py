@@ -1,0 +1,142 @@
+"""The picker of an InferencePool: `--pool-name` reads the pool from the Kubernetes API (kmock,
+an emulated API on 127.0.0.1), and its engines are the Ready pods of the pool's selector,
+found by pod discovery, on the pool's target port unless a pod's annotation names another.
+
+kmock ignores label selectors (tests/integration/test_kube_kmock.py): the test checks the
+selector the picker asks with, and that the pods it lists become engines it picks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import kmock
+import pytest
+
+from proxy.gateway.options import EppOptions
+from proxy.serving.epp import running_epp
+from simulator.fleet import start_fleet
+from tests.integration.gateway.test_ext_proc_stream import pick_once
+from tests.integration.test_discovery_kmock import kube, kubeconfig
+from tests.support.polling import eventually
+from tests.support.servers import fast_settings
+
+NS = "llm"
+POOLS = f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+MODEL = "sim-llama-8b"
+
+pytestmark = pytest.mark.slow
+
+
+def pool(name: str, port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "vllm", "tier": "gpu"}},
+            "targetPorts": [{"number": port}],
+            "endpointPickerRef": {"name": "fleet-proxy-epp", "port": {"number": 9002}},
+        },
+    }
+
+
+def pod(name: str, port: int | None) -> dict[str, Any]:
+    annotations = {} if port is None else {"fleet-proxy.io/port": str(port)}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "labels": {"app": "vllm", "tier": "gpu"},
+            "annotations": annotations,
+        },
+        "status": {
+            "podIP": "127.0.0.1",
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[str]:
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k, host="127.0.0.1") as srv:
+        k.resources["v1/pods"] = {}
+        k.resources["inference.networking.k8s.io/v1/inferencepools"] = {}
+        yield str(srv.url).rstrip("/")
+
+
+async def test_the_pools_pods_become_the_pickers_engines(emulator: str, tmp_path: Path) -> None:
+    base = emulator
+    async with await start_fleet(2, speed=20.0) as fleet:
+        port1, port2 = (urlsplit(u).port or 0 for u in fleet.urls)
+        await kube("POST", base + POOLS, pool("vllm-pool", port1))
+        # p1 on the pool's target port, p2 on its own annotated port.
+        await kube("POST", base + PODS, pod("p1", None))
+        await kube("POST", base + PODS, pod("p2", port2))
+        settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
+        options = EppOptions(port=0, pool_name="vllm-pool", pool_namespace=NS)
+        async with running_epp(settings, options) as epp:
+            core = epp.core
+            await eventually(
+                lambda: len(core.fleet.candidates(MODEL, core.clock.now())) == 2,
+                within=30,
+                what="both pods' engines scraped",
+            )
+            assert {b.id: b.url for b in core.fleet} == {
+                "p1": fleet.urls[0],
+                "p2": fleet.urls[1],
+            }
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            answer = await pick_once(epp.port, body)
+            assert answer.WhichOneof("response") == "request_body"
+
+
+async def test_a_pool_without_a_selector_stops_start_up(emulator: str, tmp_path: Path) -> None:
+    base = emulator
+    broken = pool("broken", 8000)
+    del broken["spec"]["selector"]
+    await kube("POST", base + POOLS, broken)
+    settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
+    options = EppOptions(port=0, pool_name="broken", pool_namespace=NS)
+    with pytest.raises(ValueError, match="matchLabels"):
+        async with running_epp(settings, options):
+            pass
+
+
+async def test_a_change_of_the_pools_port_moves_its_engines(emulator: str, tmp_path: Path) -> None:
+    """The pool is read again: its pods, on the new target port, replace the old engines."""
+    base = emulator
+    async with await start_fleet(2, speed=20.0) as fleet:
+        port1, port2 = (urlsplit(u).port or 0 for u in fleet.urls)
+        await kube("POST", base + POOLS, pool("vllm-pool", port1))
+        await kube("POST", base + PODS, pod("p1", None))
+        settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
+        options = EppOptions(port=0, pool_name="vllm-pool", pool_namespace=NS, pool_poll_s=0.1)
+        async with running_epp(settings, options) as epp:
+            core = epp.core
+
+            def p1_at(url: str) -> bool:
+                backend = core.fleet.get("p1")
+                return (
+                    backend is not None
+                    and backend.url == url
+                    and bool(core.fleet.candidates(MODEL, core.clock.now()))
+                )
+
+            await eventually(lambda: p1_at(fleet.urls[0]), within=30, what="p1 on port 1")
+            await kube(
+                "PATCH", base + POOLS + "/vllm-pool", {"spec": {"targetPorts": [{"number": port2}]}}
+            )
+            await eventually(lambda: p1_at(fleet.urls[1]), within=30, what="p1 on port 2")
+            answer = await pick_once(epp.port, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            picked = (
+                answer.dynamic_metadata.fields["envoy.lb"]
+                .struct_value.fields["x-gateway-destination-endpoint"]
+                .string_value
+            )
+            assert picked == f"127.0.0.1:{port2}"

@@ -1,0 +1,346 @@
+"""Flow control through real sockets: a simulated engine that runs one request at a time
+(max_num_seqs 1), the proxy in front of it saturating as soon as one request waits there.
+
+What is asserted is the order the engine finished requests in (it runs them one by one, in
+the order the proxy dispatched them), never how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.serving.app import FleetProxyApp
+from simulator.fleet import DEFAULT_MODEL, SimFleet, start_fleet
+from simulator.profiles import DEFAULT_PROFILE, load_profile
+from tests.support.polling import eventually
+from tests.support.servers import fast_settings, running_proxy
+
+pytestmark = pytest.mark.slow
+
+FLOW: dict[str, Any] = {
+    "saturation": {"queue_depth_threshold": 1},
+    "objectives": {"critical": 10, "batch": -1},
+}
+
+
+@pytest.fixture
+async def one_at_a_time() -> AsyncIterator[SimFleet]:
+    profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=1)
+    async with await start_fleet(1, profile=profile, speed=4.0) as f:
+        yield f
+
+
+def body(max_tokens: int = 4) -> dict[str, Any]:
+    return {
+        "model": DEFAULT_MODEL,
+        "prompt": "Tell me about the morning light.",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+
+
+def queued(app: FleetProxyApp) -> int:
+    assert app.flow is not None
+    pool = app.flow.pools.get(DEFAULT_MODEL)
+    return pool.count if pool is not None else 0
+
+
+def engine_running(app: FleetProxyApp) -> float:
+    snap = next(iter(app.core.fleet)).snapshot
+    return snap.metrics.running if snap is not None else 0.0
+
+
+def engine_waiting(f: SimFleet) -> int:
+    return len(f.engines[0].engine.core.waiting)
+
+
+class Finishes:
+    """The labels of requests in the order their answers came back."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.order: list[str] = []
+        self.tasks: list[asyncio.Task[httpx.Response]] = []
+
+    def send(
+        self, label: str, headers: dict[str, str], request: dict[str, Any] | None = None
+    ) -> None:
+        async def one() -> httpx.Response:
+            json = request if request is not None else body()
+            r = await self.client.post("/v1/completions", json=json, headers=headers)
+            self.order.append(label)
+            return r
+
+        self.tasks.append(asyncio.create_task(one()))
+
+    async def all(self) -> list[httpx.Response]:
+        return list(await asyncio.gather(*self.tasks))
+
+
+async def blocker(client: httpx.AsyncClient, app: FleetProxyApp) -> asyncio.Task[httpx.Response]:
+    """A long request running on the engine until cancelled (its client leaving aborts it)."""
+    task = asyncio.create_task(client.post("/v1/completions", json=body(100_000)))
+    await eventually(lambda: engine_running(app) == 1, what="the blocker running")
+    return task
+
+
+async def release(task: asyncio.Task[httpx.Response]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+class Scene:
+    """A proxy with flow control in front of the engine, a client, and the blocker running."""
+
+    def __init__(self, app: FleetProxyApp, client: httpx.AsyncClient, held: Any) -> None:
+        self.app = app
+        self.client = client
+        self.held: asyncio.Task[httpx.Response] = held
+        self.finishes = Finishes(client)
+
+
+@contextlib.asynccontextmanager
+async def saturated(fleet: SimFleet, **settings: Any) -> AsyncIterator[Scene]:
+    """With `api_keys`, the blocker sends the first key."""
+    flow = settings.pop("flow_control", FLOW)
+    keys = settings.get("api_keys")
+    auth = {} if not keys else {"authorization": f"Bearer {keys[0]['key']}"}
+    async with (
+        running_proxy(fast_settings(fleet.urls, flow_control=flow, **settings)) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=60) as c,
+        httpx.AsyncClient(base_url=url, timeout=60, headers=auth) as blocking,
+    ):
+        yield Scene(app, c, await blocker(blocking, app))
+
+
+def metric(text: str, line_start: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.split()[-1])
+    return None
+
+
+async def test_a_high_priority_request_dispatches_before_queued_sheddable_ones(one_at_a_time):
+    async with saturated(one_at_a_time) as scene:
+        app, c, held, f = scene.app, scene.client, scene.held, scene.finishes
+        for i in range(4):
+            f.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
+            if i == 0:  # the first goes on to wait at the engine: the pool is saturated
+                await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        await eventually(lambda: queued(app) == 3, what="three sheddable requests queued")
+        f.send("critical", {"x-gateway-inference-objective": "critical"})
+        await eventually(lambda: queued(app) == 4, what="the critical request queued")
+        await release(held)
+        answers = await f.all()
+        assert [r.status_code for r in answers] == [200] * 5
+        # batch0 was at the engine already; the critical one overtook the queued batch ones.
+        assert f.order == ["batch0", "critical", "batch1", "batch2", "batch3"]
+        metrics = (await c.get("/metrics")).text
+        assert (
+            metric(
+                metrics,
+                "llm_d_epp_flow_control_request_queue_duration_seconds_count"
+                f'{{model_name="{DEFAULT_MODEL}",outcome="Dispatched",priority="10"}}',
+            )
+            == 1
+        )
+
+
+async def test_a_noisy_tenant_does_not_starve_a_quiet_one(one_at_a_time, tmp_path: Path):
+    log = tmp_path / "requests.jsonl"
+    async with saturated(one_at_a_time, request_log="json", request_log_file=log) as scene:
+        app, c, held, f = scene.app, scene.client, scene.held, scene.finishes
+        f.send("noisy0", {"x-gateway-fairness-id": "noisy"})
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        for i in range(1, 7):
+            f.send(f"noisy{i}", {"x-gateway-fairness-id": "noisy"})
+        await eventually(lambda: queued(app) == 6, what="the noisy tenant's requests queued")
+        for i in range(2):
+            f.send(f"quiet{i}", {"x-gateway-fairness-id": "quiet"})
+        await eventually(lambda: queued(app) == 8, what="the quiet tenant's requests queued")
+        view = (await c.get("/admin/flow")).json()
+        tenants = view["pools"][DEFAULT_MODEL]["bands"][0]["tenants"]
+        assert {t: v["waiting"] for t, v in tenants.items()} == {"noisy": 6, "quiet": 2}
+        await release(held)
+        await f.all()
+        # Round robin: a request from each tenant in turn, not the quiet one after all six.
+        assert f.order[:5] == ["noisy0", "noisy1", "quiet0", "noisy2", "quiet1"]
+
+    # The request log names each request's tenant, priority and time queued.
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    served = [e for e in lines if e["status"] == 200]
+    assert sorted(e["tenant"] for e in served) == ["noisy"] * 7 + ["quiet"] * 2
+    assert all(e["priority"] == 0 and e["queue_wait_ms"] >= 0 for e in served)
+
+
+async def test_token_weighted_fairness_counts_prompt_tokens_not_requests(one_at_a_time):
+    flow = {**FLOW, "fairness": "token_weighted"}
+    long_prompt = {**body(), "prompt": "A long document to summarise. " * 250}  # ~7.5k chars
+    async with saturated(one_at_a_time, flow_control=flow) as scene:
+        app, f = scene.app, scene.finishes
+        big = {"x-gateway-fairness-id": "big"}
+        small = {"x-gateway-fairness-id": "small"}
+        f.send("big0", big, long_prompt)
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        for i in range(1, 4):
+            f.send(f"big{i}", big, long_prompt)
+        await eventually(lambda: queued(app) == 3, what="the big prompts queued")
+        for i in range(4):
+            f.send(f"small{i}", small)
+        await eventually(lambda: queued(app) == 7, what="the small prompts queued")
+        await release(scene.held)
+        assert [r.status_code for r in await f.all()] == [200] * 8
+        # One big prompt weighs more than all the small ones: they all pass before the next.
+        # (Round robin would alternate: big1, small0, big2, small1, ...)
+        assert f.order == [
+            "big0", "big1", "small0", "small1", "small2", "small3", "big2", "big3",
+        ]  # fmt: skip
+
+
+async def test_a_queued_client_that_leaves_is_removed_at_once(one_at_a_time):
+    waiting = f'fleet_proxy_flow_control_waiting{{model_name="{DEFAULT_MODEL}"}}'
+    async with saturated(one_at_a_time) as scene:
+        app, c, held, f = scene.app, scene.client, scene.held, scene.finishes
+        url = str(c.base_url)
+        f.send("at-engine", {})
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        async with httpx.AsyncClient(base_url=url, timeout=60) as leaving:
+            gone = asyncio.create_task(leaving.post("/v1/completions", json=body()))
+            await eventually(lambda: queued(app) == 1, what="one request queued")
+            assert metric((await c.get("/metrics")).text, waiting) == 1
+            # Only generation waits: a tokenize request is served at once.
+            tokenized = await c.post("/tokenize", json={"model": DEFAULT_MODEL, "prompt": "hi"})
+            assert tokenized.status_code == 200 and queued(app) == 1
+            gone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+
+        async def gauge() -> float | None:
+            return metric((await c.get("/metrics")).text, waiting)
+
+        await eventually(lambda: queued(app) == 0, what="the queue empty")
+        assert await gauge() == 0
+        metrics = (await c.get("/metrics")).text
+        assert "llm_d_epp_flow_control_queue_size{" not in metrics  # no tenant waiting
+        await release(held)
+        assert [r.status_code for r in await f.all()] == [200]
+
+
+async def test_past_its_ttl_a_sheddable_request_gets_429_and_a_normal_one_503(one_at_a_time):
+    flow = {**FLOW, "bands": {-1: {"queue_ttl": 0.2}, 0: {"queue_ttl": 0.2}}}
+    async with saturated(one_at_a_time, flow_control=flow) as scene:
+        held, url = scene.held, str(scene.client.base_url).rstrip("/")
+        sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        at_engine = asyncio.create_task(
+            sdk.completions.create(model=DEFAULT_MODEL, prompt="hi", max_tokens=2)
+        )
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        with pytest.raises(openai.RateLimitError) as shed:
+            await sdk.completions.create(
+                model=DEFAULT_MODEL,
+                prompt="hi",
+                max_tokens=2,
+                extra_headers={"x-gateway-inference-objective": "batch"},
+            )
+        assert shed.value.response.headers["retry-after"] == "1"
+        assert shed.value.code == "ttl_expired"
+        with pytest.raises(openai.InternalServerError) as unavailable:
+            await sdk.completions.create(model=DEFAULT_MODEL, prompt="hi", max_tokens=2)
+        assert unavailable.value.status_code == 503
+        assert unavailable.value.code == "ttl_expired"
+        await release(held)
+        assert (await at_engine).choices
+        await sdk.close()
+
+
+async def test_off_by_default(one_at_a_time):
+    async with running_proxy(fast_settings(one_at_a_time.urls)) as (_, app):
+        assert app.flow is None
+
+
+async def test_the_tenant_an_api_key_names_wins_over_the_header(one_at_a_time):
+    keys = [{"key": "team-a-key", "tenant": "team-a"}, "plain-key"]
+    async with saturated(one_at_a_time, api_keys=keys) as scene:
+        app, c, f = scene.app, scene.client, scene.finishes
+        as_a = {"authorization": "Bearer team-a-key", "x-gateway-fairness-id": "someone-else"}
+        plain = {"authorization": "Bearer plain-key", "x-gateway-fairness-id": "team-b"}
+        f.send("first", as_a)
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        f.send("a", as_a)
+        f.send("b", plain)
+        await eventually(lambda: queued(app) == 2, what="two requests queued")
+        view = (await c.get("/admin/flow")).json()
+        assert view["enabled"] and view["fairness"] == "round_robin"
+        tenants = view["pools"][DEFAULT_MODEL]["bands"][0]["tenants"]
+        assert sorted(tenants) == ["team-a", "team-b"]
+        await release(scene.held)
+        assert [r.status_code for r in await f.all()] == [200, 200, 200]
+
+
+async def read_stream(
+    client: httpx.AsyncClient,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    on_event: Any = None,
+    after: int = 5,
+) -> tuple[str, list[dict[str, Any]]]:
+    """A streamed completion's text and its events; `on_event()` is awaited once `after`
+    events came."""
+    text: list[str] = []
+    events: list[dict[str, Any]] = []
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            events.append(event)
+            text += [c.get("text") or "" for c in event.get("choices", [])]
+            if on_event is not None and len(events) == after:
+                await on_event()
+    return "".join(text), events
+
+
+async def test_preemption_suspends_a_sheddable_stream_and_resumes_it_token_exact(
+    one_at_a_time,
+):
+    # Any request on the engine fills the pool (its KV cache is over a tiny threshold), so the
+    # critical request queues while the sheddable stream runs.
+    saturation = {"queue_depth_threshold": 1, "kv_cache_util_threshold": 1e-6}
+    flow = {**FLOW, "preemption": True, "saturation": saturation}
+    settings = fast_settings(one_at_a_time.urls, flow_control=flow)
+    long_body = {**body(300), "stream": True}
+    batch = {"x-gateway-inference-objective": "batch"}
+    critical = {"x-gateway-inference-objective": "critical"}
+    async with (
+        running_proxy(settings) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=120) as c,
+    ):
+        reference, _ = await read_stream(c, long_body, batch)  # alone: never suspended
+        await eventually(lambda: engine_running(app) == 0, what="the engine idle again")
+        others: list[asyncio.Task[httpx.Response]] = []
+
+        async def crowd_in() -> None:
+            await eventually(lambda: engine_running(app) == 1, what="a scrape of the stream")
+            others.append(
+                asyncio.create_task(c.post("/v1/completions", json=body(), headers=critical))
+            )
+
+        text, events = await read_stream(c, long_body, batch, crowd_in)
+        assert others[0].done()  # answered before the stream resumed
+        assert others[0].result().status_code == 200
+        assert not [e for e in events if "error" in e]
+        assert text == reference
+        metrics = (await c.get("/metrics")).text
+        preempted = f'fleet_proxy_flow_control_preemptions_total{{model_name="{DEFAULT_MODEL}"}}'
+        assert metric(metrics, preempted) == 1

@@ -1,0 +1,79 @@
+"""The saturation detector (llm-d's defaults) and who-is-asking, as pure functions."""
+
+from __future__ import annotations
+
+import math
+
+from flowcontrol.config import FlowControlConfig, SaturationConfig
+from flowcontrol.identity import Identify
+from flowcontrol.saturation import (
+    EndpointSignals,
+    SaturationThresholds,
+    endpoint_load,
+    pool_saturation,
+    saturated,
+)
+
+T = SaturationThresholds()
+
+
+def signals(waiting: float = 0, running: float = 0, kv: float = 0.0, age: float = 0.05,
+            in_flight: int = 0) -> EndpointSignals:  # fmt: skip
+    return EndpointSignals(waiting, running, kv, age, in_flight)
+
+
+def test_llm_d_defaults_queue_5_kv_0_8_staleness_200ms() -> None:
+    assert (T.queue_depth, T.kv_cache_util, T.metrics_staleness) == (5, 0.8, 0.2)
+    # The setting's staleness is counted past the proxy's own scrape interval.
+    assert SaturationConfig.model_validate({}).thresholds(0.2) == SaturationThresholds(
+        5, 0.8, 0.2 + 0.2
+    )
+
+
+def test_an_endpoint_has_room_below_both_thresholds() -> None:
+    assert not saturated([signals(waiting=4, kv=0.79)], T)
+    assert saturated([signals(waiting=5)], T)
+    assert saturated([signals(kv=0.8)], T)
+
+
+def test_a_stale_scrape_counts_as_no_room() -> None:
+    assert endpoint_load(signals(age=0.21), T) == math.inf
+    assert saturated([signals(age=0.21)], T)
+
+
+def test_requests_sent_but_not_yet_scraped_count_as_waiting() -> None:
+    # The scrape shows 1 running; the proxy has sent 6 more since.
+    assert saturated([signals(running=1, in_flight=7)], T)
+    assert not saturated([signals(running=1, in_flight=5)], T)
+
+
+def test_the_pool_is_saturated_only_when_no_endpoint_has_room() -> None:
+    full, free = signals(waiting=9), signals(waiting=1)
+    assert not saturated([full, free], T)
+    assert saturated([full, full], T)
+    assert saturated([], T)
+    assert pool_saturation([full, free], T) == 1 / 5
+
+
+def ident(**config: object) -> Identify:
+    return Identify(FlowControlConfig.model_validate(config))
+
+
+def test_tenant_from_the_key_then_the_header_then_default() -> None:
+    who = ident()
+    assert who({"x-gateway-fairness-id": "team-a"}, "from-key").tenant == "from-key"
+    assert who({"x-gateway-fairness-id": "team-a"}, None).tenant == "team-a"
+    assert who({}, None).tenant == "default"
+    assert who({"x-gateway-fairness-id": "  "}, None).tenant == "default"
+    assert ident(fairness_header="X-Org")({"x-org": "o"}, None).tenant == "o"
+
+
+def test_priority_from_an_objective_a_number_or_the_tenants_default() -> None:
+    who = ident(objectives={"critical": 10, "batch": -1}, tenant_priorities={"bulk": -5})
+    assert who({"x-gateway-inference-objective": "critical"}, None).priority == 10
+    assert who({"x-gateway-inference-objective": "batch"}, None).sheddable
+    assert who({"x-gateway-priority": "-3"}, None).priority == -3
+    assert who({"x-gateway-inference-objective": "7"}, None).priority == 7
+    assert who({"x-gateway-inference-objective": "unknown"}, None).priority == 0
+    assert who({"x-gateway-priority": "high"}, "bulk").priority == -5
+    assert who({}, None).priority == 0
