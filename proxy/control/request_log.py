@@ -12,9 +12,10 @@ A line's fields: `time` (arrival, UTC), `request_id`, `endpoint`, `model`, `stre
 `backends` (the backend of each leg that answered, in order), `attempts` (backends tried
 before the first byte), `retries`, `moves`, `ttft_ms` (first streamed byte relayed; null for an
 answer relayed whole), `e2e_ms`, `prompt_tokens` and `completion_tokens` (from the answer's
-`usage` when it was relayed whole; the completion count from the token ids of a tracked stream;
-otherwise null), `routed_prompt_tokens` (the count routing used), `client_disconnect`; with
-flow control on, also `tenant`, `priority` and `queue_wait_ms` (time in its queue).
+`usage` when it was relayed whole, `input_tokens` and `output_tokens` where the API names them
+so; the completion count from the token ids of a tracked stream; otherwise null),
+`routed_prompt_tokens` (the count routing used), `client_disconnect`; with flow control on,
+also `tenant`, `priority` and `queue_wait_ms` (time in its queue).
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ FLUSH_EVERY_S = 0.1
 # Entries waiting to be written; more are dropped (and counted).
 CAPACITY = 10_000
 
-_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
+_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)')
+# The Responses and Messages APIs' names for the same counts.
+_USAGE_FIELDS = {
+    b"prompt_tokens": "prompt_tokens",
+    b"completion_tokens": "completion_tokens",
+    b"input_tokens": "prompt_tokens",
+    b"output_tokens": "completion_tokens",
+}
 
 
 class _Entry(NamedTuple):
@@ -187,7 +195,7 @@ def entry_fields(e: _Entry) -> dict[str, Any]:
         usage = answer.rfind(b'"usage"')
         if usage >= 0:
             for name, value in _USAGE.findall(answer, usage):
-                fields[name.decode()] = int(value)
+                fields[_USAGE_FIELDS[name]] = int(value)
     if f.completion_tokens is not None:
         fields["completion_tokens"] = f.completion_tokens
     return fields

@@ -25,10 +25,10 @@ from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, response_headers, send_error
 from proxy.backends.accounting import Dispatch
 from proxy.errors import FailureKind, ProxyError
-from proxy.ports import RequestServices
-from proxy.request.body_budget import BodyBudget, no_room
+from proxy.ports import FinishedRequest, RequestServices
+from proxy.request.body_reader import BodyReader
 from proxy.request.choosing import BackendChooser
-from proxy.request.entry import Authorize
+from proxy.request.entry import Authorize, _without_connection_named
 from proxy.request.form_peek import FieldPeek, form_boundary
 from proxy.request.routes import AUDIO_ROUTES
 from proxy.request.upload import BodyCut, Upload
@@ -48,13 +48,13 @@ _WANTED = frozenset({"model"})
 
 
 class AudioRelay:
-    """The raw ASGI handler of the audio routes; `bodies` is the process's body budget, shared
-    with the generation routes."""
+    """The raw ASGI handler of the audio routes; `bodies` reads into the process's body budget,
+    shared with the generation routes."""
 
     def __init__(
         self,
         core: RequestServices,
-        bodies: BodyBudget,
+        bodies: BodyReader,
         authorize: Authorize | None = None,
     ) -> None:
         self.core = core
@@ -78,11 +78,16 @@ class AudioRelay:
             headers[k.decode("latin-1")] = v.decode("latin-1")
             if k not in self._drop:
                 upstream.append((k, v))
+        named = headers.get("connection")
+        if named is not None:
+            upstream = _without_connection_named(upstream, named)
         request_id = headers.get("x-request-id") or os.urandom(16).hex()
         limit = self.core.settings.max_body_bytes
-        upload = Upload(receive, limit, self._bodies, self._no_room)
+        upload = Upload(receive, limit, self._bodies.budget, self._bodies.no_room)
         status = 500
         model: str | None = None
+        tried: list[str] = []  # the backends asked, in order
+        answered = False  # by the last one tried
         try:
             if self._authorize is not None:
                 refusal = self._authorize(headers)
@@ -101,7 +106,8 @@ class AudioRelay:
                 request_id=request_id, endpoint=endpoint, model=model, body={"model": model},
                 headers=headers, stream=False, prompt_text="", prompt_tokens=0,
             )  # fmt: skip
-            status = await self._relay(ctx, scope["path"], upload, upstream, send)
+            status = await self._relay(ctx, scope["path"], upload, upstream, send, tried)
+            answered = True
         except ProxyError as e:
             status = e.status
             await send_error(send, e, request_id)
@@ -117,6 +123,10 @@ class AudioRelay:
         metrics.count_request(endpoint, status, model)
         if model is not None:
             metrics.observe_duration(endpoint, model, time.perf_counter() - arrived)
+        request_log = self.core.request_log
+        if request_log is not None and request_log.sampled():
+            finished = None if model is None else _finished(model, tried, answered)
+            request_log.record(endpoint, request_id, status, arrived, finished)
 
     async def _read_model(self, upload: Upload, content_type: str | None) -> str:
         """Read (and hold) the body until its `model` field, or whole when it is small enough
@@ -139,10 +149,10 @@ class AudioRelay:
         upload: Upload,
         headers: list[tuple[bytes, bytes]],
         send: Send,
+        tried: list[str],
     ) -> int:
         replayable = upload.ended
         settings = self.core.settings
-        tried: list[str] = []
         dispatch = Dispatch(None, 0)
         last = ""
         async with httpx.AsyncClient(timeout=self._timeout) as client:
@@ -186,10 +196,6 @@ class AudioRelay:
             message += f"; last error: {last}"
         raise ProxyError(502, message, type="upstream_error", code=502)
 
-    def _no_room(self, size: int) -> ProxyError:
-        self.core.metrics.body_budget_refusals.inc()
-        return no_room(self._bodies, size)
-
     def _backend_headers(
         self, headers: list[tuple[bytes, bytes]], attempt: int
     ) -> list[tuple[bytes, bytes]]:
@@ -221,6 +227,13 @@ class AudioRelay:
             await resp.aclose()
         await send({"type": "http.response.body", "body": b""})
         return resp.status_code
+
+
+def _finished(model: str, tried: list[str], answered: bool) -> FinishedRequest:
+    """An upload's request-log values: the backend that answered (the last one tried), and
+    no token counts (the proxy does not read the answer)."""
+    backends = tried[-1:] if answered else []
+    return FinishedRequest(model, False, backends, len(tried), 0, None, 0, None, None)
 
 
 def _again(replayable: bool, upload: Upload) -> bool:

@@ -22,7 +22,8 @@ from policies.policy import RequestContext
 from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import FlowControl, FlowTicket, RequestLog, RequestServices
-from proxy.request.body_budget import BodyBudget, no_room
+from proxy.request.body_budget import BodyBudget
+from proxy.request.body_reader import BodyReader
 from proxy.request.context import ContextReader
 from proxy.request.leg_services import LegServices
 from proxy.request.legs import GENERATION
@@ -121,7 +122,12 @@ class Forwarder:
             self._drop = _DROP_REQUEST_HEADERS | _CLIENT_CREDENTIALS
         bodies = BodyBudget(core.settings.max_body_bytes_in_flight, core.settings.body_bytes_wait)
         self._bodies = bodies
-        self.bodies = bodies  # the process's body budget, shared with the audio uploads
+        # The process's body reader and budget, shared with the Responses API and the audio
+        # uploads.
+        self.bodies = BodyReader(
+            bodies, core.settings.max_body_bytes, core.metrics.body_budget_refusals.inc
+        )
+        self._read_body = self.bodies.read
         core.metrics.body_bytes_in_flight.set_function(lambda: bodies.held)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -162,7 +168,7 @@ class Forwarder:
                     refusal = self._authorize(headers)
                     if refusal is not None:
                         raise refusal
-                body = await self._read_body(receive, headers)
+                body = await self._read_body(receive, headers.get("content-length"))
                 held = len(body)
                 ctx = self._contexts.read(endpoint, generates, body, headers, request_id)
                 if self._aliases is not None:
@@ -253,51 +259,6 @@ class Forwarder:
             # up would grow /metrics (and the registry) without bound.
             self.core.metrics.count_not_movable(m.reason.partition(":")[0])
         return m
-
-    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
-        """The body, as many bytes as it has taken from the process's budget (the caller gives
-        them back when the request ends); on failure none stay taken. A declared length is
-        taken before the first byte is read, a chunked body's bytes as they come."""
-        limit = self.settings.max_body_bytes
-        bodies = self._bodies
-        taken = 0
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit():
-            taken = int(declared)
-            if taken > limit:
-                raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
-            # The wait's coroutine only when there is no room at once.
-            if not bodies.take_now(taken) and not await bodies.take(taken):
-                raise self._no_room_for(taken)
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ProxyError(499, "client disconnected while sending the body")
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
-                if size > taken:  # a chunked body: its bytes are taken as they come
-                    more = size - taken
-                    if not bodies.take_now(more) and not await bodies.take(more):
-                        raise self._no_room_for(size)
-                    taken = size
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-        except BaseException:
-            bodies.release(taken)
-            raise
-        if taken > size:
-            bodies.release(taken - size)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def _no_room_for(self, size: int) -> ProxyError:
-        self.core.metrics.body_budget_refusals.inc()
-        return no_room(self._bodies, size)
 
     async def _serve(self, receive: Receive, session: RequestSession) -> int:
         watch = _Watch()

@@ -17,7 +17,8 @@ Every path that `vllm serve` (0.32) answers is here, with how the proxy treats i
 - `refused`: never sent to a backend, answered with an OpenAI-shaped error naming why.
 
 The test against vLLM's own `/openapi.json` (tests/golden/vllm-0.32/) keeps this table
-complete: a route a new vLLM adds fails it until it is given a line here.
+complete: a route a new vLLM adds fails it until it is given a line here. The table also has
+OpenAI routes vLLM does not serve that the proxy answers itself (a response's input items).
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/responses", ("POST",), "responses", "responses"),
     Route("/v1/responses/{response_id}", ("GET", "DELETE"), "responses", "responses"),
     Route("/v1/responses/{response_id}/cancel", ("POST",), "responses", "responses"),
+    # Not a vLLM route: OpenAI's, which its clients call (`responses.input_items.list`).
+    Route("/v1/responses/{response_id}/input_items", ("GET",), "responses", "responses"),
     _fleet("/v1/load_lora_adapter", "POST"),
     _fleet("/v1/unload_lora_adapter", "POST"),
     _engine_view("/load"),

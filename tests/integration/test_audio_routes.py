@@ -15,6 +15,7 @@ import pytest
 
 from simulator.fleet import SimFleet, start_fleet
 from tests.support.polling import eventually
+from tests.support.proxy_metrics import body_bytes_in_flight as in_flight
 from tests.support.servers import fast_settings, running_proxy
 
 MODEL = "sim-llama-8b"
@@ -71,13 +72,6 @@ async def test_a_streamed_transcription_is_relayed_as_events(fleet: SimFleet) ->
     assert text == "simulated transcribed audio of 3200 bytes"
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
     assert events[-1]["usage"]["completion_tokens"] == 6
-
-
-async def in_flight(c: httpx.AsyncClient) -> float:
-    for line in (await c.get("/metrics")).text.splitlines():
-        if line.startswith("fleet_proxy_body_bytes_in_flight "):
-            return float(line.split()[1])
-    raise AssertionError("no fleet_proxy_body_bytes_in_flight in /metrics")
 
 
 def resident_bytes() -> int:

@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.fake_backend import Behaviour, FakeBackend
 from tests.support.polling import eventually
+from tests.support.proxy_metrics import body_bytes_in_flight as in_flight
+from tests.support.proxy_metrics import metric
 from tests.support.servers import fast_settings, running_proxy
 
 MIB = 1024 * 1024
@@ -35,18 +37,8 @@ async def held() -> AsyncIterator[FakeBackend]:
     await b.stop()
 
 
-async def in_flight(c: httpx.AsyncClient) -> float:
-    for line in (await c.get("/metrics")).text.splitlines():
-        if line.startswith("fleet_proxy_body_bytes_in_flight "):
-            return float(line.split()[1])
-    raise AssertionError("no fleet_proxy_body_bytes_in_flight in /metrics")
-
-
 async def refusals(c: httpx.AsyncClient) -> float:
-    for line in (await c.get("/metrics")).text.splitlines():
-        if line.startswith("fleet_proxy_body_budget_refusals_total "):
-            return float(line.split()[1])
-    raise AssertionError("no fleet_proxy_body_budget_refusals_total in /metrics")
+    return await metric(c, "fleet_proxy_body_budget_refusals_total")
 
 
 async def post(c: httpx.AsyncClient, body: bytes) -> httpx.Response:

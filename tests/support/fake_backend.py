@@ -98,6 +98,7 @@ class FakeBackend:
         app.router.add_post("/v1/embeddings", self._echo)
         app.router.add_post("/tokenize", self._echo)
         app.router.add_post("/detokenize", self._echo)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -131,6 +132,14 @@ class FakeBackend:
             Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
         )
         return web.json_response({"path": request.path, "echo": body})
+
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        """An upload, read whole and kept by its size: its headers are what a test checks."""
+        size = len(await request.read())
+        self.seen.append(
+            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, {"size": size})
+        )
+        return web.json_response({"text": "heard"})
 
     def _should_fail(self) -> int | None:
         b = self.behaviour

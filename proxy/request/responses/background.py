@@ -14,10 +14,11 @@ class BackgroundRuns:
     def __init__(self) -> None:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
-    def start(self, response_id: str, work: Coroutine[Any, Any, None]) -> None:
+    def start(self, response_id: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=f"response {response_id}")
         self._tasks[response_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+        return task
 
     def cancel(self, response_id: str) -> bool:
         """Stop the response's task; False when this process runs no such task."""

@@ -1,5 +1,5 @@
 """The Responses API's routes: `POST /v1/responses`, `GET` and `DELETE
-/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`.
+/v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items`.
 
 No backend keeps a thread: a request naming `previous_response_id` has its thread loaded from
 the proxy's store and expanded into its input before it is routed, so its prompt (the whole
@@ -25,13 +25,15 @@ from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Message, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
-from proxy.ports import RequestServices
+from proxy.ports import FinishedRequest, RequestServices
 from proxy.request.body import is_stream, parse_object, require_model
+from proxy.request.body_reader import BodyReader
 from proxy.request.leg_services import LegServices
 from proxy.request.responses.answers import HeldAnswer, Identity, StreamStamper
 from proxy.request.responses.background import BackgroundRuns
 from proxy.request.responses.chain import UNFINISHED, load_chain, not_found
-from proxy.request.responses.headers import forwarded_headers
+from proxy.request.responses.headers import forwarded_headers, headers_too_large
+from proxy.request.responses.input_listing import listed, page_of
 from proxy.request.responses.store import ResponseStore, StoredResponse
 from proxy.request.responses.thread import expanded_input, input_items, prompt_text
 from proxy.request.routes import NOT_YET_SERVED
@@ -43,6 +45,7 @@ PATH = "/v1/responses"
 ENDPOINT = "responses"
 _ONE = re.compile(r"/v1/responses/([^/]+)")
 _CANCEL = re.compile(r"/v1/responses/([^/]+)/cancel")
+_INPUT_ITEMS = re.compile(r"/v1/responses/([^/]+)/input_items")
 _OTHER_ROUTES = frozenset(p for p, _ in NOT_YET_SERVED)
 # Fields for the proxy alone: the backend answers one request and keeps nothing.
 _PROXY_FIELDS = ("previous_response_id", "background")
@@ -59,7 +62,9 @@ def serves(path: str) -> bool:
     `/v1/responses/render`, are not ids)."""
     if path == PATH:
         return True
-    return path not in _OTHER_ROUTES and bool(_ONE.fullmatch(path) or _CANCEL.fullmatch(path))
+    if path in _OTHER_ROUTES:
+        return False
+    return bool(_ONE.fullmatch(path) or _CANCEL.fullmatch(path) or _INPUT_ITEMS.fullmatch(path))
 
 
 def owner_of(headers: dict[str, str], keyed: bool) -> str:
@@ -80,15 +85,18 @@ class ResponsesApi:
         core: RequestServices,
         legs: LegServices,
         store: ResponseStore,
+        bodies: BodyReader,
         authorize: Authorize | None = None,
     ) -> None:
         self._core = core
         self._legs = legs
         self.store = store
+        self._bodies = bodies  # the process's, shared with the completions and chat path
         self._authorize = authorize
         self._runs = BackgroundRuns()
         self._aliases = dict(core.settings.model_aliases)
         self._drop_credentials = not core.settings.forward_client_authorization
+        self._max_header_bytes = core.settings.max_forwarded_header_bytes
 
     async def close(self) -> None:
         """Stop the background responses this process runs, then the store."""
@@ -97,8 +105,9 @@ class ResponsesApi:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or os.urandom(16).hex()
-        status, model = 500, None
+        served = _Served(headers.get("x-request-id") or os.urandom(16).hex())
+        request_id = served.request_id
+        status = 500
         try:
             try:
                 if self._authorize is not None:
@@ -109,14 +118,16 @@ class ResponsesApi:
                 path, method = scope["path"], scope["method"]
                 if path == PATH:
                     _allow(method, "POST")
-                    status, model = await self._create(
-                        scope, receive, send, headers, owner, request_id
-                    )
+                    status = await self._create(scope, receive, send, headers, owner, served)
                     return
                 cancel = _CANCEL.fullmatch(path)
+                items = _INPUT_ITEMS.fullmatch(path)
                 if cancel is not None:
                     _allow(method, "POST")
                     answer = await self._cancel(cancel.group(1), owner)
+                elif items is not None:
+                    _allow(method, "GET")
+                    answer = await self._input_items(items.group(1), owner, scope)
                 else:
                     rid = path[len(PATH) + 1 :]
                     _allow(method, "GET", "DELETE")
@@ -133,7 +144,20 @@ class ResponsesApi:
                     send, ProxyError(500, "internal proxy error", type="internal_error"), request_id
                 )
         finally:
-            self._core.metrics.count_request(ENDPOINT, status, model)
+            self._core.metrics.count_request(ENDPOINT, status, served.model)
+            if not served.background:  # a background run ends its own request
+                served.status = status
+                self._end(served)
+
+    def _end(self, served: _Served) -> None:
+        """Give the request's body bytes back to the budget, and write its line in the
+        request log."""
+        self._bodies.budget.release(served.held)
+        served.held = 0
+        request_log = self._core.request_log
+        if request_log is not None and request_log.sampled():
+            finished = served.finished()
+            request_log.record(ENDPOINT, served.request_id, served.status, served.arrived, finished)
 
     # --- stored responses
 
@@ -142,6 +166,13 @@ class ResponsesApi:
         if record is None:
             raise not_found(response_id)
         return record.response
+
+    async def _input_items(self, response_id: str, owner: str, scope: Scope) -> dict[str, Any]:
+        page = page_of(scope.get("query_string", b""))
+        record = await self.store.get(response_id, owner)
+        if record is None:
+            raise not_found(response_id)
+        return listed(record.id, record.input_items, page)
 
     async def _delete(self, response_id: str, owner: str) -> dict[str, Any]:
         if not await self.store.delete(response_id, owner):
@@ -172,11 +203,18 @@ class ResponsesApi:
         send: Send,
         headers: dict[str, str],
         owner: str,
-        request_id: str,
-    ) -> tuple[int, str | None]:
-        body = parse_object(await self._read_body(receive))
+        served: _Served,
+    ) -> int:
+        request_id = served.request_id
+        upstream, size = forwarded_headers(scope["headers"], self._drop_credentials, request_id)
+        if size > self._max_header_bytes:
+            raise headers_too_large(size, self._max_header_bytes)
+        raw_body = await self._bodies.read(receive, headers.get("content-length"))
+        served.held = len(raw_body)
+        body = parse_object(raw_body)
         model = require_model(body)
         model = self._aliases.get(model, model)
+        served.model = model
         stream = is_stream(body)
         store = body.get("store") is not False  # stored unless the client says not to
         background = body.get("background") is True
@@ -199,19 +237,23 @@ class ResponsesApi:
         identity = Identity(new_response_id(), previous, store, background)
         ctx = self._context(upstream_body, headers, request_id, stream and not background)
         raw = orjson.dumps(upstream_body)
-        upstream = forwarded_headers(scope["headers"], self._drop_credentials, ctx.request_id)
         turn = _Turn(self.store, identity, owner, items)
         if background:
             queued = identity.stamp(_queued(upstream_body, model))
             await turn.keep(queued)
-            self._runs.start(identity.id, self._in_background(ctx, raw, upstream, turn, queued))
+            run = self._in_background(ctx, raw, upstream, turn, queued, served)
+            # From here the run holds the body and writes the request's log line when it ends
+            # (or is cancelled, started or not).
+            served.background = True
+            served.status = 499  # unless the run ends with a status of its own
+            self._runs.start(identity.id, run).add_done_callback(lambda _: self._end(served))
             await _send_json(send, 200, queued, ctx.request_id)
-            return 200, model
+            return 200
         if stream:
             stamper = StreamStamper(send, identity, turn.keep if store else None)
-            return await self._run_watched(receive, ctx, raw, upstream, stamper), model
+            return await self._run_watched(receive, ctx, raw, upstream, stamper, served)
         held = HeldAnswer(self._core.settings.max_held_answer_bytes)
-        status = await self._run_watched(receive, ctx, raw, upstream, held)
+        status = await self._run_watched(receive, ctx, raw, upstream, held, served)
         answer = held.body
         if held.status == 200:
             response = identity.stamp(orjson.loads(answer))
@@ -222,7 +264,7 @@ class ResponsesApi:
         out += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
         await send({"type": "http.response.start", "status": held.status, "headers": out})
         await send({"type": "http.response.body", "body": answer})
-        return status, model
+        return status
 
     def _context(
         self, body: dict[str, Any], headers: dict[str, str], request_id: str, stream: bool
@@ -252,10 +294,12 @@ class ResponsesApi:
         body: bytes,
         upstream: list[tuple[bytes, bytes]],
         send: Send,
+        served: _Served,
     ) -> int:
         session = RequestSession(
-            self._core, self._legs, PATH, ctx, body, upstream, send, time.perf_counter(), None
+            self._core, self._legs, PATH, ctx, body, upstream, send, served.arrived, None
         )
+        served.session = session
         return await session.run()
 
     async def _run_watched(
@@ -265,6 +309,7 @@ class ResponsesApi:
         body: bytes,
         upstream: list[tuple[bytes, bytes]],
         send: Send,
+        served: _Served,
     ) -> int:
         """`_run`, cancelled when its client goes away (closing the upstream request makes
         the engine abort it)."""
@@ -279,7 +324,7 @@ class ResponsesApi:
 
         watcher = asyncio.create_task(_watch_disconnect(receive, task, watch))
         try:
-            return await self._run(ctx, body, upstream, sending)
+            return await self._run(ctx, body, upstream, sending, served)
         except asyncio.CancelledError:
             if not watch.gone:
                 raise
@@ -296,11 +341,12 @@ class ResponsesApi:
         upstream: list[tuple[bytes, bytes]],
         turn: _Turn,
         queued: dict[str, Any],
+        served: _Served,
     ) -> None:
         await turn.keep({**queued, "status": "in_progress"})
         held = HeldAnswer(self._core.settings.max_held_answer_bytes)
         try:
-            await self._run(ctx, body, upstream, held)
+            served.status = await self._run(ctx, body, upstream, held, served)
             answer = orjson.loads(held.body) if held.body else {}
             if held.status == 200 and isinstance(answer, dict):
                 final = turn.identity.stamp(answer)
@@ -308,32 +354,37 @@ class ResponsesApi:
                 error = answer.get("error") if isinstance(answer, dict) else None
                 final = _failed(queued, held.status, error)
         except ProxyError as e:
+            served.status = e.status
             final = _failed(queued, e.status, {"message": e.message, "code": e.code})
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("background response %s failed inside the proxy", turn.identity.id)
+            served.status = 500
             final = _failed(queued, 500, {"message": "internal proxy error", "code": 500})
         now = await turn.store.get(turn.identity.id, turn.owner)
         if now is None or now.status == "cancelled":
             return  # deleted or cancelled meanwhile, maybe by another replica
         await turn.keep(final)
 
-    async def _read_body(self, receive: Receive) -> bytes:
-        limit = self._core.settings.max_body_bytes
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ProxyError(499, "client disconnected while sending the body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise ProxyError(413, f"request body over the {limit}-byte limit", code=413)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+
+class _Served:
+    """One request as its end needs it: its body bytes held in the budget, and what its line
+    in the request log says."""
+
+    __slots__ = ("arrived", "background", "held", "model", "request_id", "session", "status")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.arrived = time.perf_counter()
+        self.status = 500
+        self.model: str | None = None
+        self.held = 0
+        self.session: RequestSession | None = None  # the one that generated the response
+        self.background = False
+
+    def finished(self) -> FinishedRequest | None:
+        return self.session.finished() if self.session is not None else None
 
 
 class _Turn:
