@@ -152,7 +152,7 @@ async def _wrong_method(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _no_route(method: str, path: str) -> str:
-    served = ", ".join(["/v1/models", *HOT_ROUTES, *AUDIO_ROUTES])
+    served = ", ".join(["/v1/models", *HOT_ROUTES, *AUDIO_ROUTES, "/v1/responses"])
     return f"fleet-proxy does not serve {method} {path}; its OpenAI-compatible paths: {served}"
 
 

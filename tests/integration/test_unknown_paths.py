@@ -26,6 +26,8 @@ async def test_an_unserved_openai_path_is_an_openai_404(method: str, path: str) 
     assert error["type"] == "not_found_error" and error["code"] == 404
     assert error["message"].startswith(f"fleet-proxy does not serve {method} {path}; ")
     assert "/v1/chat/completions" in error["message"] and "/v1/embeddings" in error["message"]
+    for served in ("/v1/responses", "/v1/messages", "/v1/audio/transcriptions"):
+        assert served in error["message"]
 
 
 async def test_a_handlers_404_keeps_its_message() -> None:
