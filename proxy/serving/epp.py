@@ -31,6 +31,7 @@ from proxy.gateway.ext_proc import ExternalProcessor
 from proxy.gateway.objectives import LayeredPriorities
 from proxy.gateway.options import EppOptions
 from proxy.gateway.picking import EndpointPicker
+from proxy.gateway.usage import UsageMetrics
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
@@ -101,7 +102,11 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
         health: Any = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(EndpointPicker(core, options.fallbacks, shedding), core.metrics),
+            ExternalProcessor(
+                EndpointPicker(core, options.fallbacks, shedding),
+                core.metrics,
+                UsageMetrics(core.prom),
+            ),
             server,
         )
         try:
