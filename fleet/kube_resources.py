@@ -85,6 +85,7 @@ async def follow_resources(
     cancelled."""
     what = f"{kind.plural} in {namespace}"
     version: str | None = None
+    last_failure = ""  # said once at warning level, while it repeats at debug
     while True:
         try:
             if version is None:
@@ -110,6 +111,9 @@ async def follow_resources(
         except Gone:
             version = None
         except Exception as e:
-            log.warning("watching %s: %s; listing again in %gs", what, e, retry_s)
+            failure = str(e)
+            level = logging.DEBUG if failure == last_failure else logging.WARNING
+            log.log(level, "watching %s: %s; listing again in %gs", what, failure, retry_s)
+            last_failure = failure
             version = None
             await asyncio.sleep(retry_s)

@@ -3,9 +3,10 @@ pool's selector on its target port (pod discovery, proxy/control/discovery_loop.
 the pool's selector or port changes, discovery starts again on the new ones; pods that no
 longer belong leave as gone pods do (drained, then removed).
 
-The pool is watched (fleet/kube_resources.py); where the watch cannot be had it is listed
-again every `interval_s`. A pool that is deleted, or changed to name no selector or port,
-leaves the last good one in force (logged).
+The pool is read (a GET: `get` on the one pool is all it needs), then watched
+(fleet/kube_resources.py); where the watch cannot be had (RBAC without `watch`, an API that
+breaks it) it is read again every `interval_s`, as a poll. A pool that is deleted, or changed
+to name no selector or port, leaves the last good one in force (logged).
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from fleet.changes import FleetChanges
 from fleet.inference_pool import GROUP, PLURAL, VERSION, PoolTarget, pool_target
 from fleet.kube_client import KubernetesAsyncApi
-from fleet.kube_resources import ResourceKind, follow_resources
+from fleet.kube_resources import ResourceEvent, ResourceKind, follow_resources
 from fleet.pod_backends import KubernetesSource
 from proxy.control.discovery_loop import DiscoveryLoop
 from proxy.ports import ControlServices
@@ -63,6 +64,33 @@ class PoolTargets:
             self.changed.set()
 
 
+class NamedPool:
+    """The pools API seen through one pool: "listing" is reading that pool."""
+
+    def __init__(self, api: KubernetesAsyncApi, name: str) -> None:
+        self._api = api
+        self._name = name
+
+    async def list_custom_objects(
+        self, group: str, version: str, namespace: str, plural: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        pool = await self._api.get_custom_object(group, version, namespace, plural, self._name)
+        return [pool], str((pool.get("metadata") or {}).get("resourceVersion", ""))
+
+    def watch_custom_objects(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        resource_version: str,
+        timeout_s: int,
+    ) -> AsyncIterator[ResourceEvent]:
+        return self._api.watch_custom_objects(
+            group, version, namespace, plural, resource_version, timeout_s
+        )
+
+
 class PoolFollower:
     def __init__(
         self,
@@ -90,7 +118,9 @@ class PoolFollower:
         """Discovery of `target`'s pods, restarted on the pool's changes; until cancelled."""
         targets = PoolTargets(self.namespace, self.name, target)
         follow = asyncio.create_task(
-            follow_resources(self._api, POOLS, self.namespace, targets, self._interval_s),
+            follow_resources(
+                NamedPool(self._api, self.name), POOLS, self.namespace, targets, self._interval_s
+            ),
             name=f"pool-{self.name}",
         )
         task = self._discover(target)

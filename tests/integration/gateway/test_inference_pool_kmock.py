@@ -254,3 +254,64 @@ async def test_the_pools_objectives_decide_which_requests_are_shed(
             await eventually(
                 lambda: answers_are(everyone), within=30, every=0.1, what="neither shed any more"
             )
+
+
+async def test_without_watches_the_pool_and_objectives_are_polled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API that refuses every watch (403, as RBAC without `watch` does): the pool is read
+    again, and the objectives listed again, every `--pool-poll-seconds`."""
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k, host="127.0.0.1") as srv:
+        k.resources["v1/pods"] = {}
+        k.resources["inference.networking.k8s.io/v1/inferencepools"] = {}
+        k.resources["inference.networking.x-k8s.io/v1alpha2/inferenceobjectives"] = {}
+        base = str(srv.url).rstrip("/")
+        refused = ("inferencepools", "inferenceobjectives")
+        (
+            k[
+                lambda req: (
+                    req.params.get("watch") == "true" and req.url.path.split("/")[-1] in refused
+                )
+            ]
+            << 403
+        )
+        async with await start_fleet(2, speed=20.0) as fleet:
+            port1, port2 = (urlsplit(u).port or 0 for u in fleet.urls)
+            await kube("POST", base + POOLS, pool("vllm-pool", port1))
+            await kube("POST", base + PODS, pod("p1", None))
+            settings = fast_settings([], discovery_kubeconfig=kubeconfig(tmp_path, base))
+            options = EppOptions(
+                port=0,
+                pool_name="vllm-pool",
+                pool_namespace=NS,
+                pool_poll_s=0.2,
+                shedding=Shedding(queue_depth=0),
+            )
+            async with running_epp(settings, options) as epp:
+                core = epp.core
+
+                def p1_at(url: str) -> bool:
+                    backend = core.fleet.get("p1")
+                    return (
+                        backend is not None
+                        and backend.url == url
+                        and bool(core.fleet.candidates(MODEL, core.clock.now()))
+                    )
+
+                await eventually(lambda: p1_at(fleet.urls[0]), within=30, what="p1 on port 1")
+                await kube(
+                    "PATCH",
+                    base + POOLS + "/vllm-pool",
+                    {"spec": {"targetPorts": [{"number": port2}]}},
+                )
+                await eventually(lambda: p1_at(fleet.urls[1]), within=30, what="p1 on port 2")
+                assert await answer_for(epp.port, "batch") == "picked"
+                await kube("POST", base + OBJECTIVES, objective("batch", -1))
+
+                async def batch_shed() -> bool:
+                    return await answer_for(epp.port, "batch") == "shed"
+
+                await eventually(batch_shed, within=30, every=0.1, what="batch shed")
+            # Both watches were tried, refused, and fell back to reading again.
+            for plural in refused:
+                assert f"watching {plural} in {NS}: Kubernetes API answered 403" in caplog.text
