@@ -1,5 +1,6 @@
 # One image for the proxy and the simulated engines: `fleet-proxy serve`, `fleet-proxy sim`,
-# `fleet-proxy demo` (the default command). docker-compose.yml builds it once and runs both.
+# `fleet-proxy demo` (the default command). docker-compose.yml builds it once and runs both
+# (and once more with Envoy, EXTRAS="[gateway]", for its gateway profile).
 #
 # BASE_IMAGE: any image with Python 3.11 or newer as `python3`, its venv module, and
 # groupadd/useradd (python:3.11-slim; or a Debian bookworm image with python3-venv, which
@@ -26,7 +27,10 @@ COPY rescheduler ./rescheduler
 COPY planner ./planner
 COPY simulator ./simulator
 COPY bench ./bench
-RUN pip install . && rm -rf /src
+# EXTRAS: optional dependencies, e.g. "[gateway]" for Envoy (docker-compose.yml's gateway
+# profile); none by default.
+ARG EXTRAS=""
+RUN pip install ".${EXTRAS}" && rm -rf /src
 
 # Runs as an unprivileged user (numeric, so runAsNonRoot can check it); its home is the
 # working directory, where the planner keeps its state file.

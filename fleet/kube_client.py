@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 from fleet.kube import Gone, PodList, ScaleKind, ScaleTarget, WatchEvent, pod_from_json, watch_event
+from fleet.kube_resources import ResourceEvent, resource_event
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 MERGE_PATCH = "application/merge-patch+json"
@@ -68,6 +69,50 @@ class KubernetesAsyncApi:
             )
         )
         return obj
+
+    async def list_custom_objects(
+        self, group: str, version: str, namespace: str, plural: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """A namespace's custom resources of one kind, and the list's resourceVersion."""
+        data = await _json(
+            await self.custom.list_namespaced_custom_object(
+                group, version, namespace, plural, _preload_content=False
+            )
+        )
+        version_now = str((data.get("metadata") or {}).get("resourceVersion", ""))
+        return list(data.get("items") or []), version_now
+
+    async def watch_custom_objects(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        resource_version: str,
+        timeout_s: int,
+    ) -> AsyncIterator[ResourceEvent]:
+        """Changes to a namespace's custom resources of one kind after `resource_version`,
+        until the server ends the watch at `timeout_s`; `Gone` when that version is too old."""
+        resp = await self.custom.list_namespaced_custom_object(
+            group,
+            version,
+            namespace,
+            plural,
+            watch="true",
+            resource_version=resource_version,
+            allow_watch_bookmarks="true",
+            timeout_seconds=timeout_s,
+            _request_timeout=timeout_s + 30,
+            _preload_content=False,
+        )
+        try:
+            if resp.status != 200:
+                await _json(resp)  # raises Gone or ApiError
+            while line := await resp.content.readline():
+                if line.strip():
+                    yield resource_event(json.loads(line))
+        finally:
+            resp.release()
 
     async def get_scale(self, namespace: str, target: ScaleTarget) -> int:
         read = (

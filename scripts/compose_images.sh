@@ -122,7 +122,12 @@ choose_images() {
   fi
   say "image: $prometheus_image for prometheus"
 
-  services=(sim proxy prometheus)
+  if [[ "$COMPOSE_PROFILES" == gateway ]]; then
+    say "image: ${FLEET_PROXY_GATEWAY_IMAGE:-fleet-proxy:gateway} (with Envoy), built on $BASE_IMAGE"
+    services=(gateway-sim epp envoy prometheus)
+  else
+    services=(sim proxy prometheus)
+  fi
   grafana_skipped=""
   grafana_image="$(service_image grafana)"
   if have_image "$grafana_image"; then

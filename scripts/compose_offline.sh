@@ -8,6 +8,7 @@
 #
 #   bash scripts/compose_offline.sh up     # build what it must, start the stack, wait until healthy
 #   bash scripts/compose_offline.sh down   # stop it and remove its containers and network
+#   OFFLINE_PROFILE=gateway bash scripts/compose_offline.sh up   # Envoy + `fleet-proxy epp`
 #
 # Once up, `docker compose ps`, `logs` and `down` work on the stack as usual. Every step is
 # bounded: pulls OFFLINE_PULL_S (default 20 s) each, each build OFFLINE_BUILD_S (900 s), the
@@ -24,8 +25,13 @@ usage() { echo "usage: bash scripts/compose_offline.sh up|down" >&2; exit 2; }
 verb="$1"
 [[ "$verb" == up || "$verb" == down ]] || usage
 
-# The simulated fleet, whatever profiles the caller's environment names.
-export COMPOSE_PROFILES=sim
+# The simulated fleet behind the proxy (OFFLINE_PROFILE=sim, the default) or behind Envoy
+# with fleet-proxy as its endpoint picker (OFFLINE_PROFILE=gateway), whatever profiles the
+# caller's environment names.
+case "${OFFLINE_PROFILE:-sim}" in
+  sim | gateway) export COMPOSE_PROFILES="${OFFLINE_PROFILE:-sim}" ;;
+  *) die "OFFLINE_PROFILE is sim or gateway, not ${OFFLINE_PROFILE}" ;;
+esac
 pull_s="${OFFLINE_PULL_S:-20}"
 build_s="${OFFLINE_BUILD_S:-900}"
 wait_s="${OFFLINE_WAIT_S:-300}"
@@ -58,11 +64,17 @@ fi
 host="${BIND_ADDRESS:-127.0.0.1}"
 [[ "$host" != 0.0.0.0 ]] || host=127.0.0.1
 say "up: ${services[*]}"
-say "  proxy       http://$host:${PROXY_PORT:-8000}/v1   (model \"${SIM_MODEL:-sim-llama-8b}\")"
+if [[ "$COMPOSE_PROFILES" == gateway ]]; then
+  entry="http://$host:${GATEWAY_PORT:-8080}"
+  say "  gateway     $entry/v1   (Envoy, fleet-proxy its endpoint picker; model \"${SIM_MODEL:-sim-llama-8b}\")"
+else
+  entry="http://$host:${PROXY_PORT:-8000}"
+  say "  proxy       $entry/v1   (model \"${SIM_MODEL:-sim-llama-8b}\")"
+fi
 say "  Prometheus  http://$host:${PROMETHEUS_PORT:-9090}"
 if [[ -z "$grafana_skipped" ]]; then
   say "  Grafana     http://$host:${GRAFANA_PORT:-3000}"
 fi
-say "try: curl -s http://$host:${PROXY_PORT:-8000}/v1/completions -H 'content-type: application/json' \
+say "try: curl -s $entry/v1/completions -H 'content-type: application/json' \
 -d '{\"model\": \"${SIM_MODEL:-sim-llama-8b}\", \"prompt\": \"Hello\", \"max_tokens\": 16}'"
 say "stop: bash scripts/compose_offline.sh down"

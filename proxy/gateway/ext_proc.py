@@ -22,6 +22,7 @@ from google.protobuf import struct_pb2
 from proxy.errors import ProxyError
 from proxy.gateway.exchange import DESTINATION, Exchange, Routed
 from proxy.gateway.picking import EndpointPicker, host_port
+from proxy.gateway.usage import UsageMetrics
 from proxy.metrics import RouterMetrics
 
 log = logging.getLogger("fleet_proxy.gateway")
@@ -36,9 +37,12 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 class ExternalProcessor:
     """The servicer grpc's generated `add_ExternalProcessorServicer_to_server` takes."""
 
-    def __init__(self, picker: EndpointPicker, metrics: RouterMetrics) -> None:
+    def __init__(
+        self, picker: EndpointPicker, metrics: RouterMetrics, usage: UsageMetrics | None = None
+    ) -> None:
         self._metrics = metrics
         self._picker = picker
+        self._usage = usage
         # The answers that say only "go on": built once, sent for most messages.
         self._go_on_headers = pb.ProcessingResponse(
             request_headers=pb.HeadersResponse(response=pb.CommonResponse())
@@ -58,6 +62,10 @@ class ExternalProcessor:
     ) -> AsyncIterator[Any]:
         exchange = Exchange(self._picker, self._metrics)
         body: list[bytes] = []
+        # The answer's two pieces before the current one, for its usage at the end (the usage
+        # event, then `[DONE]`, then an empty last piece, at worst).
+        older: Any = None
+        previous: Any = None
         try:
             async for message in requests:
                 kind = message.WhichOneof("request")
@@ -66,7 +74,11 @@ class ExternalProcessor:
                     # Ended before the answer to Envoy: once it has the last answer it may close
                     # the stream, and this generator is then closed at its `yield`.
                     if message.response_body.end_of_stream:
+                        if self._usage is not None:
+                            self._count_usage(exchange, older, previous, message)
                         exchange.end(complete=True)
+                    elif self._usage is not None:
+                        older, previous = previous, message
                     yield self._go_on_response_body
                 elif kind == "request_headers":
                     self._read_headers(exchange, message)
@@ -96,6 +108,13 @@ class ExternalProcessor:
                     yield pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
         finally:
             exchange.end()
+
+    def _count_usage(self, exchange: Exchange, *pieces: Any) -> None:
+        pick = exchange.picked
+        if pick is None or not pick.endpoint or self._usage is None:
+            return
+        tail = b"".join(p.response_body.body for p in pieces if p is not None)
+        self._usage.count(pick.endpoint, pick.model, tail)
 
     def _read_headers(self, exchange: Exchange, message: Any) -> None:
         headers = exchange.headers

@@ -19,4 +19,4 @@ class EppOptions:
     # namespace (None: discovery_namespace, else the pod's own, else `default`).
     pool_name: str | None = None
     pool_namespace: str | None = None
-    pool_poll_s: float = 10.0  # how often the pool is read again for changes
+    pool_poll_s: float = 10.0  # seconds between lists of the pool when its watch fails

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fleet.types import Backend
+from proxy.gateway.objectives import FixedPriorities, ObjectivePriorities
 
 # The request header that names its objective (an InferenceObjective's name).
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
@@ -18,12 +19,15 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 class Shedding:
     queue_depth: float = 5.0  # waiting requests at which an engine has no room
     kv_cache: float = 0.8  # KV-cache usage (0..1) at which an engine has no room
-    # Objective name -> priority; an objective not named has priority 0 (never shed).
-    priorities: Mapping[str, int] = field(default_factory=dict)
+    # Each objective's priority; an objective not named has priority 0 (never shed).
+    priorities: ObjectivePriorities = field(default_factory=FixedPriorities)
 
     def sheddable(self, headers: Mapping[str, str]) -> bool:
         objective = headers.get(OBJECTIVE_HEADER)
-        return objective is not None and self.priorities.get(objective, 0) < 0
+        if objective is None:
+            return False
+        priority = self.priorities.priority(objective)
+        return priority is not None and priority < 0
 
     def saturated(self, backends: Iterable[Backend]) -> bool:
         """No engine has room by its latest scrape (one never scraped has none)."""

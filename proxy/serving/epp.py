@@ -11,7 +11,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +21,25 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from fleet.changes import LocalChanges
+from fleet.inference_objectives import GROUP as OBJECTIVE_GROUP
+from fleet.inference_objectives import PLURAL as OBJECTIVE_PLURAL
+from fleet.inference_objectives import VERSION as OBJECTIVE_VERSION
+from fleet.inference_objectives import ObjectiveBook
+from fleet.kube_resources import ResourceKind, follow_resources
 from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.gateway.ext_proc import ExternalProcessor
+from proxy.gateway.objectives import LayeredPriorities
 from proxy.gateway.options import EppOptions
 from proxy.gateway.picking import EndpointPicker
+from proxy.gateway.usage import UsageMetrics
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
+    from fleet.kube_client import KubernetesAsyncApi
     from proxy.serving.pool_follower import PoolFollower
+
+OBJECTIVES = ResourceKind(OBJECTIVE_GROUP, OBJECTIVE_VERSION, OBJECTIVE_PLURAL)
 
 log = logging.getLogger("fleet_proxy.gateway")
 
@@ -56,8 +66,16 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
         # First: a Kubernetes client that cannot be configured, or a pool that cannot be read,
         # stops start-up at once.
         discover: Callable[[], Coroutine[Any, Any, None]] | None = None
+        objectives: Callable[[], Coroutine[Any, Any, None]] | None = None
+        shedding = options.shedding
         if options.pool_name is not None:
-            follower = await _pool_follower(stack, core, options.pool_name, options)
+            follower, api = await _pool_follower(stack, core, options.pool_name, options)
+            # The pool's InferenceObjectives give priorities the flags do not.
+            book = ObjectiveBook(options.pool_name)
+            shedding = replace(shedding, priorities=LayeredPriorities(shedding.priorities, book))
+            objectives = partial(
+                follow_resources, api, OBJECTIVES, follower.namespace, book, options.pool_poll_s
+            )
             target = await follower.read()
             log.info(
                 "InferencePool %s/%s: pods %s, port %d",
@@ -77,12 +95,17 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
         if discover is not None:
             task = asyncio.create_task(discover(), name="discovery")
             stack.push_async_callback(_cancelled, task)
+        if objectives is not None:
+            task = asyncio.create_task(objectives(), name="objectives")
+            stack.push_async_callback(_cancelled, task)
         server: Any = aio.server()
         health: Any = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         ext_proc_grpc.add_ExternalProcessorServicer_to_server(
             ExternalProcessor(
-                EndpointPicker(core, options.fallbacks, options.shedding), core.metrics
+                EndpointPicker(core, options.fallbacks, shedding),
+                core.metrics,
+                UsageMetrics(core.prom),
             ),
             server,
         )
@@ -111,8 +134,9 @@ async def running_epp(settings: Settings, options: EppOptions) -> AsyncIterator[
 
 async def _pool_follower(
     stack: contextlib.AsyncExitStack[Any], core: ProxyCore, name: str, options: EppOptions
-) -> PoolFollower:
-    """The follower of the InferencePool `name`, its API client open for as long as `stack`."""
+) -> tuple[PoolFollower, KubernetesAsyncApi]:
+    """The follower of the InferencePool `name`, and its API client, open for as long as
+    `stack`."""
     # Here, not at the top: only a picker of an InferencePool loads the Kubernetes client.
     from fleet.kube_client import in_cluster_namespace, kube_api
     from proxy.serving.pool_follower import PoolFollower
@@ -126,7 +150,7 @@ async def _pool_follower(
     )
     api = await stack.enter_async_context(kube_api(kubeconfig=settings.discovery_kubeconfig))
     changes = LocalChanges(core.fleet)
-    return PoolFollower(api, namespace, name, core, changes, options.pool_poll_s)
+    return PoolFollower(api, namespace, name, core, changes, options.pool_poll_s), api
 
 
 async def _readiness(core: ProxyCore, health: Any) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import sys
 
+from proxy.gateway.objectives import FixedPriorities
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
 from proxy.serving.setting_flags import (
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--pool-poll-seconds",
         type=float,
         default=defaults.pool_poll_s,
-        help="how often the InferencePool is read again for a changed selector or port "
+        help="the InferencePool and its InferenceObjectives are watched; where the watch "
+        "fails, seconds before they are listed again "
         f"(default {defaults.pool_poll_s:g})",
     )
     p.add_argument(
@@ -122,7 +124,9 @@ def main(argv: list[str]) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    shedding = Shedding(args.saturation_queue_depth, args.saturation_kv_cache, priorities)
+    shedding = Shedding(
+        args.saturation_queue_depth, args.saturation_kv_cache, FixedPriorities(priorities)
+    )
     options = EppOptions(
         args.host,
         args.port,

@@ -133,6 +133,20 @@ async def test_completions_and_chat_streamed_and_not_through_envoy(tmp_path: Pat
                 == 2
             )
 
+        # Token usage from the answers' last pieces: both non-streamed answers, and the stream
+        # that asked for usage (the streamed completion did not, and has none to count).
+        def tokens(endpoint: str, kind: str) -> float | None:
+            labels = {"endpoint": endpoint, "model": MODEL, "kind": kind}
+            return prom.get_sample_value("fleet_proxy_usage_tokens_total", labels)
+
+        assert tokens("completions", "completion") == 8
+        assert tokens("completions", "prompt") == comp.usage.prompt_tokens
+        assert tokens("chat/completions", "completion") == 12
+        assert chat.usage.prompt_tokens > 0
+        assert (
+            tokens("chat/completions", "prompt") == chat.usage.prompt_tokens + usage.prompt_tokens
+        )
+
 
 async def test_prefix_aware_sends_a_repeated_prompt_to_the_same_engine(tmp_path: Path) -> None:
     async with (

@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from proxy.gateway.objectives import FixedPriorities
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
 from proxy.serving.epp import RunningEpp, running_epp
@@ -199,7 +200,7 @@ async def test_a_sheddable_request_gets_429_when_every_engine_is_saturated(
     fleet: SimFleet,
 ) -> None:
     # A queue depth of 0: every engine counts as saturated, whatever its load.
-    shedding = Shedding(queue_depth=0, priorities={"batch": -1, "chat": 10})
+    shedding = Shedding(queue_depth=0, priorities=FixedPriorities({"batch": -1, "chat": 10}))
     async with picker(fleet.urls, EppOptions(port=0, shedding=shedding)) as (stub, _):
         body = body_message({"model": MODEL, "prompt": "hello", "max_tokens": 2})
         for objective, shed in (("batch", True), ("chat", False), ("unnamed", False)):

@@ -280,7 +280,7 @@ def test_published_ports_are_settable_and_bound_to_loopback_by_default() -> None
             assert m is not None, f"{name}: {port}"
             assert m.group(1) == m.group(2), f"{name}: {port}"
             seen += 1
-    assert seen == 4  # the two proxies, Prometheus, Grafana
+    assert seen == 5  # the two proxies, the gateway, Prometheus, Grafana
 
 
 @pytest.mark.parametrize("profile", PROFILES)

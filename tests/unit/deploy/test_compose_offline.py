@@ -73,6 +73,7 @@ def run(
     plugin: str = "2.40.3",
     standalone: str | None = None,
     up_rc: int = 0,
+    profile: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """The script under the stand-in Docker CLI; its result, and the calls logged."""
     binary = compose_v2_binary()
@@ -106,6 +107,8 @@ def run(
         "FAKE_COMPOSE_V2": binary,
         "FAKE_UP_RC": str(up_rc),
     }
+    if profile is not None:
+        env["OFFLINE_PROFILE"] = profile
     done = subprocess.run(
         ["bash", str(repo / "scripts" / "compose_offline.sh"), *args],
         capture_output=True,
@@ -148,6 +151,25 @@ def test_up_without_registry_access_runs_on_the_stand_ins_and_without_grafana(
     assert done.stderr.strip().splitlines()[-1] == (
         "compose_offline: stop: bash scripts/compose_offline.sh down"
     )
+
+
+def test_the_gateway_profile_runs_envoy_and_the_picker_on_the_same_base(
+    repo: Path, tmp_path: Path
+) -> None:
+    done, calls = run(repo, tmp_path, "up", present=STAND_INS, profile="gateway")
+    assert done.returncode == 0, done.stderr
+    assert calls == [
+        "docker compose up -d --build --wait --wait-timeout 300 gateway-sim epp envoy prometheus "
+        "BASE_IMAGE=fleet-proxy-base:bookworm PROMETHEUS=fleet-proxy/prometheus-standin:debian"
+    ]
+    assert "gateway     http://127.0.0.1:8080/v1" in done.stderr
+    assert "try: curl -s http://127.0.0.1:8080/v1/completions" in done.stderr
+
+
+def test_an_unknown_profile_is_refused(repo: Path, tmp_path: Path) -> None:
+    done, calls = run(repo, tmp_path, "up", present=PUBLIC, profile="vllm")
+    assert done.returncode == 1 and calls == []
+    assert "OFFLINE_PROFILE is sim or gateway, not vllm" in done.stderr
 
 
 def test_a_stack_that_does_not_become_healthy_fails_with_its_logs(

@@ -234,7 +234,12 @@ def test_the_picker_runs_the_command_line_it_documents() -> None:
         ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
-        ("inference.networking.k8s.io", "inferencepools", "get"),
+        # The pool read at start, then watched; its objectives listed and watched.
+        *(("inference.networking.k8s.io", "inferencepools", v) for v in ("get", "list", "watch")),
+        *(
+            ("inference.networking.x-k8s.io", "inferenceobjectives", v)
+            for v in ("get", "list", "watch")
+        ),
     }
     account = one(docs, "ServiceAccount")["metadata"]["name"]
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account

@@ -7,6 +7,7 @@ import pytest
 
 from fleet.inference_pool import pool_target
 from fleet.types import Backend, BackendSpec, EngineMetrics, MetricsSnapshot
+from proxy.gateway.objectives import FixedPriorities
 from proxy.gateway.shedding import OBJECTIVE_HEADER, Shedding
 from proxy.serving.epp_cli import parse_objectives
 
@@ -18,7 +19,7 @@ def scraped(waiting: float, kv: float) -> Backend:
 
 
 def test_a_request_is_sheddable_only_by_a_negative_objective() -> None:
-    shed = Shedding(priorities={"batch": -1, "chat": 5})
+    shed = Shedding(priorities=FixedPriorities({"batch": -1, "chat": 5}))
     assert shed.sheddable({OBJECTIVE_HEADER: "batch"})
     assert not shed.sheddable({OBJECTIVE_HEADER: "chat"})
     assert not shed.sheddable({OBJECTIVE_HEADER: "unknown"})
