@@ -23,6 +23,7 @@ COPY pyproject.toml README.md ./
 COPY fleet ./fleet
 COPY proxy ./proxy
 COPY policies ./policies
+COPY flowcontrol ./flowcontrol
 COPY rescheduler ./rescheduler
 COPY planner ./planner
 COPY simulator ./simulator

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -336,6 +337,17 @@ def test_the_build_context_leaves_out_what_the_image_does_not_need() -> None:
     for source in copied:
         assert (ROOT / source).exists(), source
         assert source not in ignored, source
+
+
+def test_the_image_holds_every_package_the_project_installs() -> None:
+    """A top-level package left out of the image's COPY lines installs from pyproject but is
+    missing at run time (ModuleNotFoundError in the container only)."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    packages = {p.removesuffix("*") for p in patterns}
+    copied = {ln.split()[1] for ln in dockerfile() if ln.startswith("COPY ")}
+    assert packages <= copied, packages - copied
 
 
 # ---- Prometheus
