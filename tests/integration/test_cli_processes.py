@@ -132,14 +132,20 @@ def test_serve_on_a_taken_port_says_so_without_listening(tmp_path: Path) -> None
 def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
     sig: signal.Signals, tmp_path: Path
 ) -> None:
-    proxy_port, sim_port = free_port(), free_port()
-    args = ["demo", "--engines", "1", "--port", str(proxy_port), "--sim-base-port", str(sim_port)]
+    proxy_port, sim_port, embed_port = free_port(), free_port(), free_port()
+    args = [
+        "demo", "--engines", "1", "--port", str(proxy_port), "--sim-base-port", str(sim_port),
+        "--embedding-base-port", str(embed_port),
+    ]  # fmt: skip
     with started(args, tmp_path / "demo.log") as (proc, out):
         assert int(out.wait_for(LISTENING, timeout=90).group(1)) == proxy_port
         children = descendants(proc.pid)
-        assert children, "the demo runs its simulator as a child process"
+        assert len(children) >= 2, "the demo runs its two simulators as child processes"
         eventually_blocking(
-            lambda: models(proxy_port) == ["sim-llama-8b"], 15, "the demo's model listed", 0.05
+            lambda: sorted(models(proxy_port)) == ["sim-embed", "sim-llama-8b"],
+            15,
+            "the demo's models listed",
+            0.05,
         )
 
         proc.send_signal(sig)
@@ -152,7 +158,10 @@ def test_a_stopped_demo_ends_its_simulator_and_frees_the_ports(
                 0.05,
             )
             eventually_blocking(
-                lambda: port_free(proxy_port) and port_free(sim_port), 15, "both ports free", 0.05
+                lambda: all(port_free(p) for p in (proxy_port, sim_port, embed_port)),
+                15,
+                "the three ports free",
+                0.05,
             )
         finally:
             for pid in children:
