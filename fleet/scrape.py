@@ -3,13 +3,15 @@
 One loop per backend, so a slow or hung backend never delays the others' snapshots.
 Failures never raise out of a loop: a health check's result goes to the owner of backend
 health (`HealthReports`, fleet/health.py), which takes the backend out or brings it back; a
-failed scrape leaves the snapshot to go stale.
+failed scrape leaves the snapshot to go stale. With several worker processes a `MetricsShare`
+lets one of them scrape the /metrics pages for all (proxy/control/shared_scrapes.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Protocol
 
 import httpx
 import orjson
@@ -19,6 +21,23 @@ from fleet.health import HealthReports, failure_detail
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, EngineMetrics, MetricsSnapshot
 from fleet.vllm_metrics import parse_engine_metrics
+
+
+class MetricsShare(Protocol):
+    """Scrapes shared between processes (proxy/control/shared_scrapes.py): one scrapes a
+    backend and posts what it parsed, the others take that instead of scraping."""
+
+    def scrapes(self, backend: Backend) -> bool:
+        """Whether this process scrapes `backend`'s /metrics itself."""
+        ...
+
+    def posted(self, backend: Backend, snapshot: MetricsSnapshot) -> None:
+        """This process's scrape of `backend`, for the others."""
+        ...
+
+    def newer(self, backend: Backend) -> MetricsSnapshot | None:
+        """Another process's scrape of `backend` not yet taken here, if any."""
+        ...
 
 
 class Scraper:
@@ -34,6 +53,7 @@ class Scraper:
         models_interval: float = 10.0,
         timeout: float = 1.0,
         health_path: str = "/health",
+        share: MetricsShare | None = None,
     ) -> None:
         self.registry = registry
         self.client = client
@@ -45,6 +65,7 @@ class Scraper:
         self.health = health
         # vLLM answers /health; a gateway or another engine in front may check another path.
         self.health_path = health_path
+        self.share = share
         self._loops: dict[str, tuple[Backend, asyncio.Task[None]]] = {}  # by backend id
 
     async def run(self) -> None:
@@ -88,8 +109,19 @@ class Scraper:
                 await self.learn_models(backend)
                 next_models = now + self.models_interval
             if backend.healthy:
-                await self.scrape_metrics(backend)
+                await self.refresh_metrics(backend)
             await asyncio.sleep(self.interval)
+
+    async def refresh_metrics(self, backend: Backend) -> None:
+        share = self.share
+        if share is None:
+            await self.scrape_metrics(backend)
+            return
+        taken = share.newer(backend)
+        if taken is not None:
+            self.take(backend, taken)
+        elif share.scrapes(backend):
+            await self.scrape_metrics(backend)
 
     async def check_health(self, backend: Backend) -> None:
         try:
@@ -128,12 +160,18 @@ class Scraper:
             # The snapshot keeps its old time, so it goes stale on its own.
             backend.last_error = f"/metrics failed: {type(e).__name__}: {e}"
             return
-        now = self.clock.now()
+        snapshot = MetricsSnapshot(taken_at=self.clock.now(), metrics=metrics)
+        self.take(backend, snapshot)
+        if self.share is not None:
+            self.share.posted(backend, snapshot)
+
+    @staticmethod
+    def take(backend: Backend, snapshot: MetricsSnapshot) -> None:
         previous = backend.snapshot
-        if previous is not None and _worked(previous.metrics, metrics):
-            backend.progress_at = now
+        if previous is not None and _worked(previous.metrics, snapshot.metrics):
+            backend.progress_at = snapshot.taken_at
         backend.previous_snapshot = previous
-        backend.snapshot = MetricsSnapshot(taken_at=now, metrics=metrics)
+        backend.snapshot = snapshot
 
 
 def _worked(before: EngineMetrics, after: EngineMetrics) -> bool:
