@@ -1,9 +1,10 @@
-"""Engine metrics scraped by one worker process and read by the others (`--workers N`).
+"""What one worker process learns of each backend, posted for the others (`--workers N`).
 
 Scraping a vLLM /metrics page and parsing it costs a worker milliseconds of CPU per backend
-per scrape interval; N workers each scraping every backend paid it N times, and an idle proxy
-burned a core's share per worker doing it. So one worker (the first) scrapes, and writes what
-it parsed into this shared-memory board; the others read it (proxy/control/shared_scrapes.py).
+per scrape interval, and a health check about one; N workers each polling every backend paid
+it N times, and an idle proxy burned a core's share per worker doing it. So one worker (the
+first) polls, and posts what it found (parsed metrics on one board, health verdicts on
+another) into shared memory; the others read it (proxy/control/shared_scrapes.py).
 
 Layout: a header of four int64 (MAGIC, VERSION, slots, payload bytes), then one cell per
 backend slot (the slots of fleet/peer_load.py's `SlotTable`, which every worker derives alike):
@@ -13,7 +14,7 @@ backend slot (the slots of fleet/peer_load.py's `SlotTable`, which every worker 
 One writer per cell. It makes `seq` odd, writes, then makes it even again (a sequence lock):
 a reader that sees an odd `seq`, or a different `seq` after reading than before, read a cell
 being written and tries again at its next read. `length` is TOO_LARGE when the metrics did not
-fit the payload: the readers then scrape that backend themselves.
+fit the payload: the readers then poll that backend themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from fleet.types import EngineMetrics
 MAGIC = 0x466C6565744D6574  # "FleetMet"
 VERSION = 1
 DEFAULT_PAYLOAD = 2048
+VERDICT_PAYLOAD = 512  # a health verdict: its failure's detail, cut to fit
 TOO_LARGE = -1
 
 _HEADER = struct.Struct("<qqqq")
@@ -64,12 +66,12 @@ class BoardLayout:
 
 @dataclass(frozen=True, slots=True)
 class Posted:
-    """One cell's content as last read: its sequence number, and the metrics or None when
-    they did not fit (TOO_LARGE)."""
+    """One cell's content as last read: its sequence number (two more per post), and the
+    posted bytes or None when they did not fit (TOO_LARGE)."""
 
     seq: int
     taken_at: float
-    metrics: EngineMetrics | None
+    data: bytes | None
 
 
 def encode_metrics(metrics: EngineMetrics) -> bytes:
@@ -103,7 +105,7 @@ class BoardSegment:
 
 
 class MetricsBoard:
-    """One process's view of the board."""
+    """One process's view of a board."""
 
     def __init__(self, shm: SharedMemory) -> None:
         self._shm = shm
@@ -120,10 +122,9 @@ class MetricsBoard:
     def attach(cls, name: str) -> MetricsBoard:
         return cls(SharedMemory(name=name))
 
-    def post(self, slot: int, generation: int, taken_at: float, metrics: EngineMetrics) -> bool:
-        """Write a backend's newest metrics into its cell; False when they did not fit (the
-        cell then tells readers to scrape the backend themselves)."""
-        data = encode_metrics(metrics)
+    def post(self, slot: int, generation: int, taken_at: float, data: bytes) -> bool:
+        """Write a backend's newest news into its cell; False when it did not fit (the cell
+        then tells readers to poll the backend themselves)."""
         fits = len(data) <= self.layout.payload
         at = self.layout.cell(slot)
         buf = self._buf
@@ -146,8 +147,7 @@ class MetricsBoard:
         data = bytes(buf[at + _CELL.size : at + _CELL.size + max(0, length)])
         if _SEQ.unpack_from(buf, at)[0] != seq:
             return None  # rewritten while read
-        metrics = None if length == TOO_LARGE else decode_metrics(data)
-        return Posted(seq, taken_at, metrics)
+        return Posted(seq, taken_at, None if length == TOO_LARGE else data)
 
     def close(self) -> None:
         self._buf.release()

@@ -4,7 +4,7 @@ One loop per backend, so a slow or hung backend never delays the others' snapsho
 Failures never raise out of a loop: a health check's result goes to the owner of backend
 health (`HealthReports`, fleet/health.py), which takes the backend out or brings it back; a
 failed scrape leaves the snapshot to go stale. With several worker processes a `MetricsShare`
-lets one of them scrape the /metrics pages for all (proxy/control/shared_scrapes.py).
+lets one of them scrape /metrics and check health for all (proxy/control/shared_scrapes.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from fleet.vllm_metrics import parse_engine_metrics
 
 
 class MetricsShare(Protocol):
-    """Scrapes shared between processes (proxy/control/shared_scrapes.py): one scrapes a
-    backend and posts what it parsed, the others take that instead of scraping."""
+    """Polls shared between processes (proxy/control/shared_scrapes.py): one scrapes and
+    checks a backend and posts what it found, the others take that instead of polling."""
 
     def scrapes(self, backend: Backend) -> bool:
         """Whether this process scrapes `backend`'s /metrics itself."""
@@ -37,6 +37,18 @@ class MetricsShare(Protocol):
 
     def newer(self, backend: Backend) -> MetricsSnapshot | None:
         """Another process's scrape of `backend` not yet taken here, if any."""
+        ...
+
+    def checks(self, backend: Backend) -> bool:
+        """Whether this process checks `backend`'s health itself."""
+        ...
+
+    def checked(self, backend: Backend, failure: str, at: float) -> None:
+        """This process's health check of `backend` ("" for a pass), for the others."""
+        ...
+
+    def verdicts(self, backend: Backend) -> list[str]:
+        """Another process's health verdicts on `backend` not yet taken here, oldest first."""
         ...
 
 
@@ -99,10 +111,16 @@ class Scraper:
         next_models = 0.0
         while True:
             now = self.clock.now()
-            if now >= next_health:
+            share = self.share
+            follows = share is not None and not share.checks(backend)
+            if follows or now >= next_health:
                 was_healthy = backend.healthy
-                await self.check_health(backend)
-                next_health = now + self.health_interval
+                if share is not None and follows:
+                    for failure in share.verdicts(backend):
+                        self.report(backend, failure)
+                else:
+                    await self.check_health(backend)
+                    next_health = now + self.health_interval
                 if backend.healthy and (not was_healthy or not backend.spec.models):
                     next_models = now  # (re)learn models as soon as a backend comes back
             if backend.healthy and now >= next_models:
@@ -127,12 +145,20 @@ class Scraper:
         try:
             r = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
         except httpx.HTTPError as e:
-            self.health.check_failed(backend, f"{self.health_path} failed: {failure_detail(e)}")
-            return
-        if r.status_code == 200:
-            self.health.check_passed(backend)
+            failure = f"{self.health_path} failed: {failure_detail(e)}"
         else:
-            self.health.check_failed(backend, f"{self.health_path} answered {r.status_code}")
+            ok = r.status_code == 200
+            failure = "" if ok else f"{self.health_path} answered {r.status_code}"
+        self.report(backend, failure)
+        if self.share is not None:
+            self.share.checked(backend, failure, self.clock.now())
+
+    def report(self, backend: Backend, failure: str) -> None:
+        """A health check's verdict ("" for a pass) to the owner of backend health."""
+        if failure:
+            self.health.check_failed(backend, failure)
+        else:
+            self.health.check_passed(backend)
 
     async def learn_models(self, backend: Backend) -> None:
         try:

@@ -210,10 +210,14 @@ def create_app(
             settings.peer_sync_interval,
             core.clock,
         )
-        if seat.metrics_board:
-            # The first worker scrapes every backend's /metrics for all (docs/performance.md).
-            board = MetricsBoard.attach(seat.metrics_board)
-            scrapes = SharedScrapes(board, sync.slots, scraper=seat.index == 0)
+        if seat.metrics_board and seat.health_board:
+            # The first worker scrapes and checks every backend for all (docs/performance.md).
+            scrapes = SharedScrapes(
+                MetricsBoard.attach(seat.metrics_board),
+                MetricsBoard.attach(seat.health_board),
+                sync.slots,
+                scraper=seat.index == 0,
+            )
             core.metrics_share = scrapes
         # /metrics answers for the worker that serves the scrape: say which one.
         core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
