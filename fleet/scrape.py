@@ -3,13 +3,15 @@
 One loop per backend, so a slow or hung backend never delays the others' snapshots.
 Failures never raise out of a loop: a health check's result goes to the owner of backend
 health (`HealthReports`, fleet/health.py), which takes the backend out or brings it back; a
-failed scrape leaves the snapshot to go stale.
+failed scrape leaves the snapshot to go stale. With several worker processes a `MetricsShare`
+lets one of them scrape /metrics and check health for all (proxy/control/shared_scrapes.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Protocol
 
 import httpx
 import orjson
@@ -19,6 +21,35 @@ from fleet.health import HealthReports, failure_detail
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, EngineMetrics, MetricsSnapshot
 from fleet.vllm_metrics import parse_engine_metrics
+
+
+class MetricsShare(Protocol):
+    """Polls shared between processes (proxy/control/shared_scrapes.py): one scrapes and
+    checks a backend and posts what it found, the others take that instead of polling."""
+
+    def scrapes(self, backend: Backend) -> bool:
+        """Whether this process scrapes `backend`'s /metrics itself."""
+        ...
+
+    def posted(self, backend: Backend, snapshot: MetricsSnapshot) -> None:
+        """This process's scrape of `backend`, for the others."""
+        ...
+
+    def newer(self, backend: Backend) -> MetricsSnapshot | None:
+        """Another process's scrape of `backend` not yet taken here, if any."""
+        ...
+
+    def checks(self, backend: Backend) -> bool:
+        """Whether this process checks `backend`'s health itself."""
+        ...
+
+    def checked(self, backend: Backend, failure: str, at: float) -> None:
+        """This process's health check of `backend` ("" for a pass), for the others."""
+        ...
+
+    def verdicts(self, backend: Backend) -> list[str]:
+        """Another process's health verdicts on `backend` not yet taken here, oldest first."""
+        ...
 
 
 class Scraper:
@@ -34,6 +65,7 @@ class Scraper:
         models_interval: float = 10.0,
         timeout: float = 1.0,
         health_path: str = "/health",
+        share: MetricsShare | None = None,
     ) -> None:
         self.registry = registry
         self.client = client
@@ -45,6 +77,7 @@ class Scraper:
         self.health = health
         # vLLM answers /health; a gateway or another engine in front may check another path.
         self.health_path = health_path
+        self.share = share
         self._loops: dict[str, tuple[Backend, asyncio.Task[None]]] = {}  # by backend id
 
     async def run(self) -> None:
@@ -78,29 +111,54 @@ class Scraper:
         next_models = 0.0
         while True:
             now = self.clock.now()
-            if now >= next_health:
+            share = self.share
+            follows = share is not None and not share.checks(backend)
+            if follows or now >= next_health:
                 was_healthy = backend.healthy
-                await self.check_health(backend)
-                next_health = now + self.health_interval
+                if share is not None and follows:
+                    for failure in share.verdicts(backend):
+                        self.report(backend, failure)
+                else:
+                    await self.check_health(backend)
+                    next_health = now + self.health_interval
                 if backend.healthy and (not was_healthy or not backend.spec.models):
                     next_models = now  # (re)learn models as soon as a backend comes back
             if backend.healthy and now >= next_models:
                 await self.learn_models(backend)
                 next_models = now + self.models_interval
             if backend.healthy:
-                await self.scrape_metrics(backend)
+                await self.refresh_metrics(backend)
             await asyncio.sleep(self.interval)
+
+    async def refresh_metrics(self, backend: Backend) -> None:
+        share = self.share
+        if share is None:
+            await self.scrape_metrics(backend)
+            return
+        taken = share.newer(backend)
+        if taken is not None:
+            self.take(backend, taken)
+        elif share.scrapes(backend):
+            await self.scrape_metrics(backend)
 
     async def check_health(self, backend: Backend) -> None:
         try:
             r = await self.client.get(backend.url + self.health_path, timeout=self.timeout)
         except httpx.HTTPError as e:
-            self.health.check_failed(backend, f"{self.health_path} failed: {failure_detail(e)}")
-            return
-        if r.status_code == 200:
-            self.health.check_passed(backend)
+            failure = f"{self.health_path} failed: {failure_detail(e)}"
         else:
-            self.health.check_failed(backend, f"{self.health_path} answered {r.status_code}")
+            ok = r.status_code == 200
+            failure = "" if ok else f"{self.health_path} answered {r.status_code}"
+        self.report(backend, failure)
+        if self.share is not None:
+            self.share.checked(backend, failure, self.clock.now())
+
+    def report(self, backend: Backend, failure: str) -> None:
+        """A health check's verdict ("" for a pass) to the owner of backend health."""
+        if failure:
+            self.health.check_failed(backend, failure)
+        else:
+            self.health.check_passed(backend)
 
     async def learn_models(self, backend: Backend) -> None:
         try:
@@ -128,12 +186,18 @@ class Scraper:
             # The snapshot keeps its old time, so it goes stale on its own.
             backend.last_error = f"/metrics failed: {type(e).__name__}: {e}"
             return
-        now = self.clock.now()
+        snapshot = MetricsSnapshot(taken_at=self.clock.now(), metrics=metrics)
+        self.take(backend, snapshot)
+        if self.share is not None:
+            self.share.posted(backend, snapshot)
+
+    @staticmethod
+    def take(backend: Backend, snapshot: MetricsSnapshot) -> None:
         previous = backend.snapshot
-        if previous is not None and _worked(previous.metrics, metrics):
-            backend.progress_at = now
+        if previous is not None and _worked(previous.metrics, snapshot.metrics):
+            backend.progress_at = snapshot.taken_at
         backend.previous_snapshot = previous
-        backend.snapshot = MetricsSnapshot(taken_at=now, metrics=metrics)
+        backend.snapshot = snapshot
 
 
 def _worked(before: EngineMetrics, after: EngineMetrics) -> bool:

@@ -222,9 +222,12 @@ class SharedChanges:
 @dataclass(frozen=True, slots=True)
 class WorkerSeat:
     """What a worker process is told by the supervisor: which row is its own, and where the
-    shared segment and change log are."""
+    shared segment, the change log and the boards of metrics and health verdicts (empty:
+    none, every worker polls every backend itself) are."""
 
     index: int
     count: int
     segment: str
     change_log: str
+    metrics_board: str = ""
+    health_board: str = ""

@@ -27,6 +27,7 @@ from starlette.middleware.cors import CORSMiddleware
 from fleet.change_log import ChangeLog
 from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
+from fleet.metrics_board import MetricsBoard
 from fleet.peer_load import PeerLoad
 from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.control.admin_routes import admin_router
@@ -35,6 +36,7 @@ from proxy.control.discovery_loop import kubernetes_discovery
 from proxy.control.lora_adapters import FleetAdapters
 from proxy.control.lora_routes import lora_router
 from proxy.control.peer_sync import PeerSync, SharedChanges, WorkerSeat
+from proxy.control.shared_scrapes import SharedScrapes
 from proxy.errors import ProxyError, error_body
 from proxy.metrics import RouterMetrics
 from proxy.request.anthropic_errors import AnthropicErrors
@@ -207,6 +209,7 @@ def create_app(
     keys = client_keys(settings.client_keys(), settings.api_keys_file)
     core = ProxyCore(settings, clock)
     sync: PeerSync | None = None
+    scrapes: SharedScrapes | None = None
     if seat is not None:
         sync = PeerSync(
             core.fleet,
@@ -215,6 +218,15 @@ def create_app(
             settings.peer_sync_interval,
             core.clock,
         )
+        if seat.metrics_board and seat.health_board:
+            # The first worker scrapes and checks every backend for all (docs/performance.md).
+            scrapes = SharedScrapes(
+                MetricsBoard.attach(seat.metrics_board),
+                MetricsBoard.attach(seat.health_board),
+                sync.slots,
+                scraper=seat.index == 0,
+            )
+            core.metrics_share = scrapes
         # /metrics answers for the worker that serves the scrape: say which one.
         core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
@@ -248,6 +260,8 @@ def create_app(
             except BaseException:
                 if sync is not None:
                     sync.close()  # the shared segment's view, which nothing else will close
+                if scrapes is not None:
+                    scrapes.close()
                 raise
         await core.start()
         sync_task = None
@@ -287,6 +301,8 @@ def create_app(
             await core.stop()
             if sync is not None:
                 sync.close()
+            if scrapes is not None:
+                scrapes.close()
 
     control = FastAPI(title="fleet-proxy", lifespan=lifespan)
 

@@ -25,7 +25,7 @@ from fleet.prompt_tokens import (
     RemoteTokenizer,
 )
 from fleet.registry import FleetRegistry
-from fleet.scrape import Scraper
+from fleet.scrape import MetricsShare, Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
 from policies.policy import Policy
@@ -146,6 +146,8 @@ class ProxyCore:
         self.policy.bind_metrics(self.prom, self.routable_pools)
         self.fleet.on_removed(self.policy.on_backend_removed)
         self.rescheduler = build_rescheduler(self) if settings.enable_rescheduling else None
+        # Set by a worker process before start(): scrapes shared with the other workers.
+        self.metrics_share: MetricsShare | None = None
         self.request_log: JsonRequestLog | None = None
         if settings.request_log == "json":
             self.request_log = JsonRequestLog(
@@ -207,6 +209,7 @@ class ProxyCore:
             timeout=s.scrape_timeout,
             health=self.health,
             health_path=s.health_check_path,
+            share=self.metrics_share,
         )
         self._tasks.append(asyncio.create_task(scraper.run(), name="scraper"))
         self._tasks.append(asyncio.create_task(self.health.run(), name="ejection"))

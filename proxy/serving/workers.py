@@ -6,6 +6,8 @@ proxy's load on every backend. The supervisor (this module) creates what the wor
 share (proxy/control/peer_sync.py):
 - a shared-memory segment with one row of per-backend load per worker (fleet/peer_load.py);
 - a change log for the admin API's fleet changes (fleet/change_log.py), in a temp directory;
+- boards where the first worker posts the metrics it scrapes and the health verdicts it
+  reaches for all (fleet/metrics_board.py);
 then binds the port (by default each worker listens on its own SO_REUSEPORT socket and the
 kernel spreads new connections over them), starts the workers (multiprocessing, spawn: a fresh
 interpreter, nothing inherited but the socket), prints the banner, and waits. SIGINT or
@@ -14,9 +16,10 @@ returns when all have ended; a worker that ends on its own stops the rest and th
 exits non-zero naming it. Workers also get SIGTERM from the kernel should the supervisor die
 without a word (PR_SET_PDEATHSIG), so none outlives it.
 
-Each worker keeps its own policy state (the prefix index above all), its own scrapes of
-every backend and its own /metrics; sessions and programs need no sharing, every worker
-computes their rendezvous homes alike (policies/rendezvous.py): see docs/performance.md.
+Each worker keeps its own policy state (the prefix index above all), its own view of every
+backend's health (from the first worker's checks) and its own /metrics; sessions and programs
+need no sharing, every worker computes their rendezvous homes alike (policies/rendezvous.py):
+see docs/performance.md.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+from fleet.metrics_board import VERDICT_PAYLOAD, BoardLayout, BoardSegment
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from proxy.control.peer_sync import WorkerSeat
 from proxy.serving.front_door import (
@@ -197,7 +201,10 @@ class Supervisor:
         port = int(sock.getsockname()[1])
         address = (address[0], port, *address[2:])
         listen = Listen(self.listen_mode, family, address, sock if shared else None)
-        segment = PeerSegment(PeerLayout(workers=s.workers))
+        layout = PeerLayout(workers=s.workers)
+        segment = PeerSegment(layout)
+        board = BoardSegment(BoardLayout(slots=layout.slots))
+        verdicts = BoardSegment(BoardLayout(slots=layout.slots, payload=VERDICT_PAYLOAD))
         tmp = Path(tempfile.mkdtemp(prefix="fleet-proxy-"))
         change_log = tmp / "fleet-changes.jsonl"
         change_log.touch()
@@ -215,7 +222,9 @@ class Supervisor:
         ctx = multiprocessing.get_context("spawn")
         try:
             for i in range(s.workers):
-                seat = WorkerSeat(i, s.workers, segment.name, str(change_log))
+                seat = WorkerSeat(
+                    i, s.workers, segment.name, str(change_log), board.name, verdicts.name
+                )
                 p = ctx.Process(
                     target=worker_main,
                     args=(settings_data, seat, listen, os.getpid()),
@@ -238,6 +247,8 @@ class Supervisor:
                 signal.signal(sig, handler)
             sock.close()
             segment.close()
+            board.close()
+            verdicts.close()
             shutil.rmtree(tmp, ignore_errors=True)
             if responses_dir is not None:
                 shutil.rmtree(responses_dir, ignore_errors=True)
