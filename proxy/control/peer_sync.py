@@ -222,9 +222,10 @@ class SharedChanges:
 @dataclass(frozen=True, slots=True)
 class WorkerSeat:
     """What a worker process is told by the supervisor: which row is its own, and where the
-    shared segment and change log are."""
+    shared segment, change log and rate-limit table are."""
 
     index: int
     count: int
     segment: str
     change_log: str
+    rate_table: str | None = None  # flowcontrol/rate_table.py's file, every worker's buckets

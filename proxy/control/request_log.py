@@ -24,7 +24,6 @@ import collections
 import contextlib
 import datetime
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -33,14 +32,13 @@ from typing import IO, Any, NamedTuple
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 
+from proxy.answer_usage import usage_counts
 from proxy.ports import FinishedRequest, FlowTicket
 
 # How often the queue is written out; a line appears at most this long after its request.
 FLUSH_EVERY_S = 0.1
 # Entries waiting to be written; more are dropped (and counted).
 CAPACITY = 10_000
-
-_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
 
 
 class _Entry(NamedTuple):
@@ -182,12 +180,8 @@ def entry_fields(e: _Entry) -> dict[str, Any]:
         fields["queue_wait_ms"] = round(flow.waited * 1000.0, 3)
     if f is None:
         return fields
-    answer = f.answer
-    if answer is not None:
-        usage = answer.rfind(b'"usage"')
-        if usage >= 0:
-            for name, value in _USAGE.findall(answer, usage):
-                fields[name.decode()] = int(value)
+    if f.answer is not None:
+        fields.update(usage_counts(f.answer))
     if f.completion_tokens is not None:
         fields["completion_tokens"] = f.completion_tokens
     return fields

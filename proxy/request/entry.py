@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from policies.policy import RequestContext
-from proxy.asgi import Receive, Scope, Send, send_error
+from proxy.asgi import Message, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import FlowControl, FlowTicket, RequestLog, RequestServices
 from proxy.request.body_budget import BodyBudget, no_room
@@ -195,6 +195,8 @@ class Forwarder:
                     # Last before routing, with no await after it: a request dispatched from
                     # the queue is routed (and charged) with the fleet as it is then.
                     ticket = await self._flow.admit(ctx, receive)
+                    if ticket.rate is not None:
+                        send = _with_headers(send, ticket.rate.headers)
                 session = RequestSession(
                     self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                     self._movability(ctx),
@@ -224,9 +226,10 @@ class Forwarder:
     def _flow_done(self, ticket: FlowTicket, session: RequestSession | None) -> None:
         flow = self._flow
         assert flow is not None
-        # Output tokens count as a program's attained service, where they are known.
-        done = session.finished() if session is not None and ticket.program else None
-        flow.done(ticket, done.completion_tokens if done is not None else None)
+        # Output tokens count as a program's attained service, and usage against its tenant's
+        # token limit, where they are known.
+        wanted = ticket.program or (ticket.rate is not None and ticket.rate.tokens is not None)
+        flow.done(ticket, session.finished() if session is not None and wanted else None)
 
     @staticmethod
     def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:
@@ -360,3 +363,14 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _W
     if not watch.finished:
         watch.disconnected = True
         task.cancel()
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    """`send` adding `extra` to the answer's head (a rate-limited tenant's quota headers)."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], *extra]}
+        await send(message)
+
+    return sending

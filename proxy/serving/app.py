@@ -28,6 +28,7 @@ from fleet.change_log import ChangeLog
 from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
 from fleet.peer_load import PeerLoad
+from flowcontrol.rate_table import RateTable
 from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.control.admin_routes import admin_router
 from proxy.control.colocated_planner import ColocatedPlanner
@@ -229,8 +230,15 @@ def create_app(
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
     flow: FlowGate | None = None
     if settings.flow_control is not None:
+        # With several workers the rate limits' buckets are the shared table's: a tenant's
+        # limit holds for the whole proxy, whichever worker takes each request.
+        shared_rates = seat.rate_table if seat is not None else None
         flow = FlowGate(
-            settings.flow_control, core, keys.tenant if keys is not None else None, core.prom
+            settings.flow_control,
+            core,
+            keys.tenant if keys is not None else None,
+            core.prom,
+            RateTable(shared_rates) if shared_rates is not None else None,
         )
 
     served: list[FleetProxyApp] = []  # the app the lifespan belongs to, once built

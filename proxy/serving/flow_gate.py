@@ -27,13 +27,15 @@ from prometheus_client.registry import Collector
 
 from flowcontrol.config import FlowControlConfig
 from flowcontrol.core import BAND_FULL, TENANT_FULL, TTL_EXPIRED, BandLimits, FlowQueues, Reject
-from flowcontrol.identity import Identify
+from flowcontrol.identity import Identify, Identity
 from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, Waiting
+from flowcontrol.rate_table import RateTable
 from flowcontrol.saturation import EndpointSignals, pool_saturation
 from policies.policy import RequestContext
 from proxy.asgi import Receive
 from proxy.errors import ProxyError
-from proxy.ports import FlowTicket, RequestServices
+from proxy.ports import FinishedRequest, FlowTicket, RequestServices
+from proxy.serving.rate_limiter import RateLimiter
 
 log = logging.getLogger("fleet_proxy.flow_control")
 
@@ -58,11 +60,16 @@ class FlowGate:
         core: RequestServices,
         key_tenant: Callable[[str | None], str | None] | None = None,
         registry: CollectorRegistry | None = None,
+        rate_table: RateTable | None = None,
     ) -> None:
         self._config = config
         self._core = core
         self._key_tenant = key_tenant
         self._identify = Identify(config)
+        self._rates: RateLimiter | None = None
+        rate_limits = config.rate_limits
+        if rate_limits is not None and rate_limits.any:
+            self._rates = RateLimiter(rate_limits, rate_table or RateTable(), core.clock, registry)
         self._thresholds = config.saturation.thresholds(core.settings.scrape_interval)
         self._fairness = FAIRNESS[config.fairness]
         self._known_priorities = frozenset(
@@ -96,6 +103,21 @@ class FlowGate:
         who = self._identify(
             headers, key_tenant(headers.get("authorization")) if key_tenant else None
         )
+        rates = self._rates
+        if rates is None:
+            return await self._admit(ctx, receive, who)
+        # Over its rate: refused before it queues. A request the proxy refuses after charging
+        # it gets its tokens back.
+        charge = rates.admit(who.tenant, ctx.prompt_tokens)
+        try:
+            ticket = await self._admit(ctx, receive, who)
+        except BaseException:
+            if charge is not None and charge.tokens is not None:
+                rates.refund(who.tenant, charge.tokens)
+            raise
+        return ticket if charge is None else ticket._replace(rate=charge)
+
+    async def _admit(self, ctx: RequestContext, receive: Receive, who: Identity) -> FlowTicket:
         model = ctx.model
         now = self._core.clock.now()
         pool = self.pools.get(model)
@@ -169,10 +191,13 @@ class FlowGate:
             self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
         return ticket
 
-    def done(self, ticket: FlowTicket, completion_tokens: int | None) -> None:
+    def done(self, ticket: FlowTicket, finished: FinishedRequest | None) -> None:
         if self._sheddable:
             self._forget_sheddable(ticket.key)
-        if completion_tokens:
+        if ticket.rate is not None and self._rates is not None:
+            self._rates.settle(ticket.tenant, ticket.rate, finished)
+        completion_tokens = finished.completion_tokens if finished is not None else None
+        if completion_tokens and ticket.program:
             self.ordering.credit(ticket.program, completion_tokens)
         if self._waiters:
             self._kick()  # its room may go to a queued request now

@@ -40,6 +40,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
+from flowcontrol.rate_table import create_table_file
 from proxy.control.peer_sync import WorkerSeat
 from proxy.serving.front_door import (
     BACKLOG,
@@ -201,6 +202,8 @@ class Supervisor:
         tmp = Path(tempfile.mkdtemp(prefix="fleet-proxy-"))
         change_log = tmp / "fleet-changes.jsonl"
         change_log.touch()
+        rate_table = tmp / "rate-limits.table"
+        create_table_file(str(rate_table))
         settings_data = s.model_dump()
         # The workers share one store of Responses API responses, so a thread continues on
         # any worker: a file in a directory of its own, kept until the proxy stops (SQLite
@@ -215,7 +218,7 @@ class Supervisor:
         ctx = multiprocessing.get_context("spawn")
         try:
             for i in range(s.workers):
-                seat = WorkerSeat(i, s.workers, segment.name, str(change_log))
+                seat = WorkerSeat(i, s.workers, segment.name, str(change_log), str(rate_table))
                 p = ctx.Process(
                     target=worker_main,
                     args=(settings_data, seat, listen, os.getpid()),
