@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,8 +116,11 @@ class PeerSync:
         changes: ChangeLog,
         interval: float,
         clock: Clock | None = None,
+        waiting: Callable[[], int] | None = None,
     ) -> None:
         self.fleet = fleet
+        # Requests waiting in this worker's flow-control queues, published for the others.
+        self.waiting = waiting
         self.clock: Clock = clock or SystemClock()
         self.peers = peers
         self.changes = changes
@@ -158,6 +161,7 @@ class PeerSync:
             tick=self.ticks,
             routable=sum(1 for b in backends if b.routable(now, stale_after)),
             applied=self.changes.read_to,
+            waiting=self.waiting() if self.waiting is not None else 0,
         )
         self.peers.absorb(backends, self.slots)
 

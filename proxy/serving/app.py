@@ -207,27 +207,6 @@ def create_app(
     # Read here, at start-up: a missing or empty keys file stops the proxy (ValueError).
     keys = client_keys(settings.client_keys(), settings.api_keys_file)
     core = ProxyCore(settings, clock)
-    sync: PeerSync | None = None
-    if seat is not None:
-        sync = PeerSync(
-            core.fleet,
-            PeerLoad.attach(seat.segment, seat.index),
-            ChangeLog(Path(seat.change_log)),
-            settings.peer_sync_interval,
-            core.clock,
-        )
-        # /metrics answers for the worker that serves the scrape: say which one.
-        core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
-    changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
-    # Settings refuse it with several workers: a drain must see every live request.
-    planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
-    adapters = FleetAdapters(
-        core.fleet, lambda: core.control_client, core.clock, settings.lora_adapter_timeout
-    )
-    core.fleet.on_models_learned(adapters)
-    # In one process only, its changes shared through the change log
-    # (proxy/control/discovery_loop.py).
-    discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
     flow: FlowGate | None = None
     if settings.flow_control is not None:
         # With several workers the rate limits' buckets are the shared table's: a tenant's
@@ -241,6 +220,35 @@ def create_app(
             RateTable(shared_rates) if shared_rates is not None else None,
         )
 
+    sync: PeerSync | None = None
+    if seat is not None:
+        sync = PeerSync(
+            core.fleet,
+            PeerLoad.attach(seat.segment, seat.index),
+            ChangeLog(Path(seat.change_log)),
+            settings.peer_sync_interval,
+            core.clock,
+            flow.waiting_count if flow is not None else None,
+        )
+        if flow is not None:
+            peers = sync
+
+            def waiting_rows() -> list[tuple[int, int]]:
+                return [(r.worker, r.waiting) for r in peers.rows()]
+
+            flow.share_waiting(seat.index, waiting_rows)
+        # /metrics answers for the worker that serves the scrape: say which one.
+        core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
+    changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
+    # Settings refuse it with several workers: a drain must see every live request.
+    planner = ColocatedPlanner(core, changes) if settings.planner_enabled else None
+    adapters = FleetAdapters(
+        core.fleet, lambda: core.control_client, core.clock, settings.lora_adapter_timeout
+    )
+    core.fleet.on_models_learned(adapters)
+    # In one process only, its changes shared through the change log
+    # (proxy/control/discovery_loop.py).
+    discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
     served: list[FleetProxyApp] = []  # the app the lifespan belongs to, once built
 
     @asynccontextmanager

@@ -89,8 +89,30 @@ class FlowGate:
         self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
         self._suspending: dict[str, asyncio.Task[Any]] = {}
         self._suspended: set[int] = set()
+        # With several workers: (worker, requests waiting in its queues) of every worker,
+        # from the shared segment (`share_waiting`).
+        self._workers_waiting: Callable[[], list[tuple[int, int]]] | None = None
+        self._worker = 0
         if registry is not None:
             self._bind_metrics(registry)
+
+    def share_waiting(self, worker: int, rows: Callable[[], list[tuple[int, int]]]) -> None:
+        """Show every worker's waiting count (`rows`), this one's (`worker`) read live."""
+        self._worker = worker
+        self._workers_waiting = rows
+
+    def waiting_count(self) -> int:
+        """Requests waiting in this process's queues (published to the other workers)."""
+        return len(self._waiters)
+
+    def workers_waiting(self) -> dict[int, int] | None:
+        """Requests waiting per worker process; None with one process."""
+        rows = self._workers_waiting
+        if rows is None:
+            return None
+        waiting = dict(rows())
+        waiting[self._worker] = len(self._waiters)
+        return waiting
 
     def _limits(self, priority: int) -> BandLimits:
         return BandLimits(*self._config.band(priority))
@@ -408,10 +430,21 @@ class FlowGate:
         """`GET /admin/flow`: the configuration's gist and every pool's queues."""
         now = self._core.clock.now()
         c = self._config
+        workers = self.workers_waiting()
+        shared: dict[str, Any] = {}
+        if workers is not None:
+            # Each worker queues its own requests; these are every worker's counts (the
+            # others' as of their last sync, within `peer_sync_interval`).
+            shared = {
+                "answered_by": self._worker,
+                "waiting_all_workers": sum(workers.values()),
+                "workers": [{"worker": w, "waiting": n} for w, n in sorted(workers.items())],
+            }
         return {
             "fairness": c.fairness,
             "ordering": c.ordering,
             "waiting": len(self._waiters),
+            **shared,
             "pools": {
                 model: {
                     "saturation": _finite(self.saturation(model, now)),
@@ -459,6 +492,17 @@ class _FlowCollector(Collector):
             "thresholds (1.0 or more: saturated)",
             labels=["model_name"],
         )
+        workers = gate.workers_waiting()
+        if workers is not None:
+            per_worker = GaugeMetricFamily(
+                "fleet_proxy_flow_control_waiting_workers",
+                "Requests waiting in the flow-control queues of each worker process (every "
+                "worker's, as the answering one sees them)",
+                labels=["worker"],
+            )
+            for w, n in sorted(workers.items()):
+                per_worker.add_metric([str(w)], n)
+            yield per_worker
         for model, waiting, level, depths in gate.gauges():
             total.add_metric([model], waiting)
             saturation.add_metric([model], level if not math.isinf(level) else 1e9)

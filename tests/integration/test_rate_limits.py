@@ -7,6 +7,7 @@ request (or the tokens asked) takes to come back, so the counts are exact."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -154,5 +155,48 @@ async def test_two_workers_share_one_limit() -> None:
             async with httpx.AsyncClient(timeout=5) as admin:
                 rows = (await served.workers(admin))["rows"]
                 assert sum(row["dispatched"] for row in rows) == 2
+    finally:
+        await backend.stop()
+
+
+async def test_two_workers_show_every_workers_queue() -> None:
+    """Each worker queues its own requests; /admin/flow and /metrics from either worker
+    count them all."""
+    backend = FakeBackend()
+    backend.behaviour.hold = asyncio.Semaphore(0)  # nothing finishes until released
+    await backend.start()
+    flow = {"saturation": {"queue_depth_threshold": 1}}
+    env = {"FLEET_PROXY_FLOW_CONTROL": json.dumps(flow)}
+    sent = 8
+    try:
+        async with serve([backend.url], env_extra=env) as served:
+            url = served.url + "/v1/completions"
+            body = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
+            limits = httpx.Limits(max_keepalive_connections=0)
+            async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+                requests = [asyncio.ensure_future(client.post(url, json=body)) for _ in range(sent)]
+                views: dict[int, dict[str, Any]] = {}
+
+                async def both_count_all() -> bool:
+                    async with httpx.AsyncClient(timeout=5) as fresh:
+                        view = (await fresh.get(served.url + "/admin/flow")).json()
+                        metrics = (await fresh.get(served.url + "/metrics")).text
+                    waiting = view["waiting_all_workers"]
+                    per_worker = {w["worker"]: w["waiting"] for w in view["workers"]}
+                    shown = sum(
+                        float(line.split()[-1])
+                        for line in metrics.splitlines()
+                        if line.startswith("fleet_proxy_flow_control_waiting_workers{")
+                    )
+                    if waiting + backend.active == sent and shown == waiting > 0:
+                        assert sum(per_worker.values()) == waiting
+                        views[view["answered_by"]] = per_worker
+                    return len(views) == 2
+
+                await eventually(both_count_all, within=30, what="both workers count every queue")
+                for _ in range(sent):
+                    backend.behaviour.hold.release()
+                answers = await asyncio.gather(*requests)
+                assert [r.status_code for r in answers] == [200] * sent
     finally:
         await backend.stop()
