@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from simulator.fleet import DEFAULT_MODEL, SimFleet, start_fleet
-from tests.integration.test_workers import serve
+from tests.integration.test_workers import Served, serve
 from tests.support.fake_backend import FakeBackend
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
@@ -126,77 +126,82 @@ async def _worker_refusals(url: str) -> dict[str, float]:
     return seen
 
 
-async def test_two_workers_share_one_limit() -> None:
-    backend = FakeBackend()
+@contextlib.asynccontextmanager
+async def two_workers(
+    flow: dict[str, Any], backend: FakeBackend
+) -> AsyncIterator[tuple[Served, httpx.AsyncClient]]:
+    """`serve --workers 2` with `flow` in front of `backend`, and a client opening a new
+    connection per request: each is accepted by whichever worker takes it."""
     await backend.start()
-    flow = {"rate_limits": {"default": {"requests_per_minute": 2}}}
     env = {"FLEET_PROXY_FLOW_CONTROL": json.dumps(flow)}
+    limits = httpx.Limits(max_keepalive_connections=0)
     try:
-        async with serve([backend.url], env_extra=env) as served:
-            url = served.url + "/v1/completions"
-            body = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
-            # New connections: each request is accepted by whichever worker takes it.
-            limits = httpx.Limits(max_keepalive_connections=0)
-            async with httpx.AsyncClient(timeout=10, limits=limits) as client:
-                first = [await client.post(url, json=body) for _ in range(2)]
-                assert [r.status_code for r in first] == [200, 200]
-                assert [r.headers["x-ratelimit-remaining-requests"] for r in first] == ["1", "0"]
-                # Until both workers have refused one: every request after the two is a 429,
-                # whichever worker took it.
-                statuses: list[int] = []
-
-                async def both_refused() -> bool:
-                    for _ in range(4):
-                        statuses.append((await client.post(url, json=body)).status_code)
-                    return min((await _worker_refusals(served.url)).values()) > 0
-
-                await eventually(both_refused, within=20, what="both workers refusing")
-                assert statuses and set(statuses) == {429}
-            async with httpx.AsyncClient(timeout=5) as admin:
-                rows = (await served.workers(admin))["rows"]
-                assert sum(row["dispatched"] for row in rows) == 2
+        async with (
+            serve([backend.url], env_extra=env) as served,
+            httpx.AsyncClient(timeout=30, limits=limits) as client,
+        ):
+            yield served, client
     finally:
         await backend.stop()
+
+
+COMPLETION = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
+
+
+async def test_two_workers_share_one_limit() -> None:
+    backend = FakeBackend()
+    flow = {"rate_limits": {"default": {"requests_per_minute": 2}}}
+    async with two_workers(flow, backend) as (served, client):
+        url = served.url + "/v1/completions"
+        first = [await client.post(url, json=COMPLETION) for _ in range(2)]
+        assert [r.status_code for r in first] == [200, 200]
+        assert [r.headers["x-ratelimit-remaining-requests"] for r in first] == ["1", "0"]
+        # Until both workers have refused one: every request after the two is a 429,
+        # whichever worker took it.
+        statuses: list[int] = []
+
+        async def both_refused() -> bool:
+            for _ in range(4):
+                statuses.append((await client.post(url, json=COMPLETION)).status_code)
+            return min((await _worker_refusals(served.url)).values()) > 0
+
+        await eventually(both_refused, within=20, what="both workers refusing")
+        assert statuses and set(statuses) == {429}
+        rows = (await served.workers(client))["rows"]
+        assert sum(row["dispatched"] for row in rows) == 2
 
 
 async def test_two_workers_show_every_workers_queue() -> None:
     """Each worker queues its own requests; /admin/flow and /metrics from either worker
     count them all."""
     backend = FakeBackend()
-    backend.behaviour.hold = asyncio.Semaphore(0)  # nothing finishes until released
-    await backend.start()
-    flow = {"saturation": {"queue_depth_threshold": 1}}
-    env = {"FLEET_PROXY_FLOW_CONTROL": json.dumps(flow)}
+    hold = backend.behaviour.hold = asyncio.Semaphore(0)  # nothing finishes until released
     sent = 8
-    try:
-        async with serve([backend.url], env_extra=env) as served:
-            url = served.url + "/v1/completions"
-            body = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
-            limits = httpx.Limits(max_keepalive_connections=0)
-            async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-                requests = [asyncio.ensure_future(client.post(url, json=body)) for _ in range(sent)]
-                views: dict[int, dict[str, Any]] = {}
+    async with two_workers({"saturation": {"queue_depth_threshold": 1}}, backend) as (
+        served,
+        client,
+    ):
+        url = served.url + "/v1/completions"
+        requests = [asyncio.ensure_future(client.post(url, json=COMPLETION)) for _ in range(sent)]
+        views: dict[int, dict[str, Any]] = {}
 
-                async def both_count_all() -> bool:
-                    async with httpx.AsyncClient(timeout=5) as fresh:
-                        view = (await fresh.get(served.url + "/admin/flow")).json()
-                        metrics = (await fresh.get(served.url + "/metrics")).text
-                    waiting = view["waiting_all_workers"]
-                    per_worker = {w["worker"]: w["waiting"] for w in view["workers"]}
-                    shown = sum(
-                        float(line.split()[-1])
-                        for line in metrics.splitlines()
-                        if line.startswith("fleet_proxy_flow_control_waiting_workers{")
-                    )
-                    if waiting + backend.active == sent and shown == waiting > 0:
-                        assert sum(per_worker.values()) == waiting
-                        views[view["answered_by"]] = per_worker
-                    return len(views) == 2
+        async def both_count_all() -> bool:
+            view = (await client.get(served.url + "/admin/flow")).json()
+            metrics = (await client.get(served.url + "/metrics")).text
+            waiting = view["waiting_all_workers"]
+            per_worker = {w["worker"]: w["waiting"] for w in view["workers"]}
+            shown = sum(
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("fleet_proxy_flow_control_waiting_workers{")
+            )
+            if waiting + backend.active == sent and shown == waiting > 0:
+                assert sum(per_worker.values()) == waiting
+                views[view["answered_by"]] = per_worker
+            return len(views) == 2
 
-                await eventually(both_count_all, within=30, what="both workers count every queue")
-                for _ in range(sent):
-                    backend.behaviour.hold.release()
-                answers = await asyncio.gather(*requests)
-                assert [r.status_code for r in answers] == [200] * sent
-    finally:
-        await backend.stop()
+        await eventually(both_count_all, within=30, what="both workers count every queue")
+        for _ in range(sent):
+            hold.release()
+        answers = await asyncio.gather(*requests)
+        assert [r.status_code for r in answers] == [200] * sent
