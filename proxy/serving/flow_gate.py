@@ -83,6 +83,12 @@ class FlowGate:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
         self._waited: Histogram | None = None
+        self._outcomes: Counter | None = None
+        # Tenants labelled by name in the metrics: configured ones and those API keys name
+        # (both bounded by the configuration); any other is "other".
+        self._known_tenants = set(config.tenant_priorities)
+        if config.rate_limits is not None:
+            self._known_tenants.update(config.rate_limits.tenants)
         self._preempted: Counter | None = None
         # Preemption: per pool, the sheddable streams it let through, by ticket key; the
         # suspension under way per pool (one at a time), and the keys suspended now.
@@ -122,9 +128,10 @@ class FlowGate:
     async def admit(self, ctx: RequestContext, receive: Receive) -> FlowTicket:
         headers = ctx.headers
         key_tenant = self._key_tenant
-        who = self._identify(
-            headers, key_tenant(headers.get("authorization")) if key_tenant else None
-        )
+        named = key_tenant(headers.get("authorization")) if key_tenant else None
+        if named is not None and named not in self._known_tenants:
+            self._known_tenants.add(named)
+        who = self._identify(headers, named)
         rates = self._rates
         if rates is None:
             return await self._admit(ctx, receive, who)
@@ -150,7 +157,7 @@ class FlowGate:
             and self.saturation(model, now) < 1.0
         ):
             self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
-            self._observe(who.priority, model, DISPATCHED, 0.0)
+            self._observe(who.tenant, who.priority, model, DISPATCHED, 0.0)
             ticket = FlowTicket(who.tenant, who.priority, 0.0, ctx.program_id, next(self._seq))
             return self._admitted(ctx, ticket)
         pool, w = self._waiting(model, who.tenant, who.priority, ctx, now)
@@ -165,12 +172,12 @@ class FlowGate:
         waited = self._core.clock.now() - w.arrived
         if left.done() and not left.cancelled() and not dispatched:
             left.exception()  # a receive() that failed: the client is gone all the same
-            self._observe(w.priority, model, CLIENT_LEFT, waited)
+            self._observe(w.tenant, w.priority, model, CLIENT_LEFT, waited)
             raise ProxyError(499, "client disconnected while its request was queued")
         error = slot.exception()
         if error is not None:
             raise error
-        self._observe(w.priority, model, DISPATCHED, waited)
+        self._observe(w.tenant, w.priority, model, DISPATCHED, waited)
         return self._admitted(ctx, FlowTicket(w.tenant, w.priority, waited, w.program, w.seq))
 
     def _waiting(
@@ -190,7 +197,7 @@ class FlowGate:
         """Queue `w`: the future the dispatch loop resolves (or fails with the refusal)."""
         refused = pool.offer(w)
         if refused is not None:
-            self._observe(w.priority, model, OUTCOMES[refused.reason], 0.0)
+            self._observe(w.tenant, w.priority, model, OUTCOMES[refused.reason], 0.0)
             raise self._refusal(w, refused.reason)
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[w.seq] = slot
@@ -303,7 +310,9 @@ class FlowGate:
                 if isinstance(action, Reject):
                     w = action.request
                     slot.set_exception(self._refusal(w, action.reason))
-                    self._observe(w.priority, model, OUTCOMES[action.reason], now - w.arrived)
+                    self._observe(
+                        w.tenant, w.priority, model, OUTCOMES[action.reason], now - w.arrived
+                    )
                 else:
                     self._unbound[model] = self._unbound.get(model, 0) + 1
                     slot.set_result(None)
@@ -352,7 +361,7 @@ class FlowGate:
         finally:
             self._leave(pool, w, model, slot)
             self._suspended.discard(ticket.key)
-        self._observe(w.priority, model, DISPATCHED, self._core.clock.now() - now)
+        self._observe(w.tenant, w.priority, model, DISPATCHED, self._core.clock.now() - now)
 
     def _suspension_over(self, model: str, key: int, task: asyncio.Task[Any]) -> None:
         if self._suspending.get(model) is task:
@@ -402,6 +411,13 @@ class FlowGate:
             buckets=(0.0, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf),
             registry=registry,
         )
+        self._outcomes = Counter(
+            "fleet_proxy_flow_control_requests",
+            "Requests through flow control by tenant, priority and how they left the queue "
+            "(outcome as in the queue-duration histogram)",
+            ["tenant", "priority", "outcome"],
+            registry=registry,
+        )
         self._preempted = Counter(
             "fleet_proxy_flow_control_preemptions",
             "Sheddable streams suspended for a higher band's waiting request",
@@ -410,11 +426,14 @@ class FlowGate:
         )
         registry.register(_FlowCollector(self))
 
-    def _observe(self, priority: int, model: str, outcome: str, waited: float) -> None:
-        if self._waited is not None:
-            # A number from a header is the client's to choose: labelled only when configured.
+    def _observe(self, tenant: str, priority: int, model: str, outcome: str, waited: float) -> None:
+        if self._waited is not None and self._outcomes is not None:
+            # A number or a tenant from a header is the client's to choose: labelled only
+            # when configured (or named by an API key).
             label = str(priority) if priority in self._known_priorities else "other"
             self._waited.labels(label, outcome, model).observe(waited)
+            known = tenant in self._known_tenants
+            self._outcomes.labels(tenant if known else "other", label, outcome).inc()
 
     def gauges(self) -> Iterator[tuple[str, int, float, dict[tuple[int, str], int]]]:
         """Per model served now or with requests waiting: (model, waiting, saturation,

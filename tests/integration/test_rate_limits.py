@@ -73,6 +73,15 @@ async def test_requests_per_minute_headers_then_openai_429(fleet: SimFleet) -> N
             model=DEFAULT_MODEL, prompt="hello", max_tokens=2
         )
         assert "x-ratelimit-limit-requests" not in raw.headers
+        async with httpx.AsyncClient() as plain:
+            metrics = (await plain.get(url + "/metrics")).text
+        assert 'fleet_proxy_rate_limited_requests_total{limit="requests",tenant="team-a"} 1.0' in (
+            metrics
+        )
+        dispatched = 'outcome="Dispatched",priority="0",tenant="team-a"'
+        assert f"fleet_proxy_flow_control_requests_total{{{dispatched}}} 2.0" in metrics
+        # A tenant no setting names is counted as "other": clients cannot grow the series.
+        assert 'outcome="Dispatched",priority="0",tenant="other"} 1.0' in metrics
 
 
 async def test_tokens_are_charged_as_the_usage_says(fleet: SimFleet) -> None:

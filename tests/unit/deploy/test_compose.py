@@ -26,7 +26,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from fleet.registry import default_backend_id
+from flowcontrol.config import FlowControlConfig
 from planner.metrics import PlannerMetrics
+from proxy.serving.flow_gate import FlowGate
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
 from simulator.metrics import SimMetrics
@@ -551,6 +553,11 @@ def exported() -> dict[str, frozenset[str]]:
     )
     core = ProxyCore(settings)
     PlannerMetrics(core.prom)  # registered here when the planner runs inside the proxy
+    # Flow control's, with rate limits, as one of several workers.
+    flow = FlowControlConfig.model_validate(
+        {"rate_limits": {"default": {"requests_per_minute": 60}}}
+    )
+    FlowGate(flow, core, registry=core.prom).share_waiting(0, lambda: [(0, 0), (1, 0)])
     registries: list[CollectorRegistry] = [
         core.prom,
         SimMetrics("sim-llama-8b", load_profile(DEFAULT_PROFILE)).registry,
