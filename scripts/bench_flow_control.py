@@ -8,9 +8,10 @@
   the critical band's TTFT SLO attainment (`--ttft-slo`), the client errors, the tokens the
   batch clients lost (asked for and never received) and the tokens the engines recomputed
   for suspended streams.
-- `agents`: Autellix-style programs, each a chain of calls sharing an `x-program-id`, all
-  started at once: a few long programs and many short ones; FCFS against least attained
-  service (`las`). Prints the programs' completion times (p50, p90) per kind.
+- `agents`: Autellix-style programs, each a chain of calls sharing an `x-program-id`: long
+  programs all started at once, short ones (2 calls) arriving one every `--short-every`
+  seconds while they run; FCFS against least attained service (`las`). Prints the programs'
+  completion times (p50, p90) per kind.
 - `cost`: the proxy's CPU per request below saturation, with flow control configured (and a
   rate limit) and without: the proxy runs as its own process (`fleet-proxy serve`) and its
   CPU time is read from /proc before and after a run of sequential requests.
@@ -257,6 +258,12 @@ async def program(c: httpx.AsyncClient, pid: str, calls: int, done: list[float])
     done.append(time.monotonic() - start)
 
 
+async def arriving(c: httpx.AsyncClient, pid: str, after: float, done: list[float]) -> None:
+    """A short program (2 calls) starting `after` seconds in, while the long ones run."""
+    await asyncio.sleep(after)
+    await program(c, pid, 2, done)
+
+
 async def agents(fleet: SimFleet, args: argparse.Namespace) -> None:
     for name, flow in ORDERINGS.items():
         async with serving(fleet, flow) as (c, _):
@@ -265,7 +272,11 @@ async def agents(fleet: SimFleet, args: argparse.Namespace) -> None:
             runs = [
                 program(c, f"long-{i}", args.long_calls, long) for i in range(args.long_programs)
             ]
-            runs += [program(c, f"short-{i}", 2, short) for i in range(args.short_programs)]
+
+            runs += [
+                arriving(c, f"short-{i}", args.short_every * (i + 1), short)
+                for i in range(args.short_programs)
+            ]
             await asyncio.gather(*runs)
         every = short + long
         print(
@@ -295,7 +306,7 @@ async def proxy_process(
     cmd += ["--log-level", "warning"]
     for url in fleet.urls:
         cmd += ["--backend", url]
-    env = {**os.environ, "FLEET_PROXY_SCRAPE_INTERVAL": "0.05"}
+    env = dict(os.environ)  # the default scrape interval: less idle CPU to tell apart
     if flow is not None:
         env["FLEET_PROXY_FLOW_CONTROL"] = json.dumps(flow)
     p = await asyncio.create_subprocess_exec(
@@ -362,9 +373,10 @@ async def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--noisy-concurrency", type=int, default=32)
     p.add_argument("--ttft-slo", type=float, default=1.0, help="critical TTFT SLO, seconds")
-    p.add_argument("--long-programs", type=int, default=4)
-    p.add_argument("--long-calls", type=int, default=10, help="calls of a long program")
+    p.add_argument("--long-programs", type=int, default=16)
+    p.add_argument("--long-calls", type=int, default=20, help="calls of a long program")
     p.add_argument("--short-programs", type=int, default=24, help="2 calls each")
+    p.add_argument("--short-every", type=float, default=0.1, help="seconds between short ones")
     p.add_argument("--cost-requests", type=int, default=500)
     p.add_argument("--idle-seconds", type=float, default=3.0, help="cost: idle CPU measured")
     p.add_argument("--speed", type=float, default=4.0, help="simulated time per real second")

@@ -140,9 +140,12 @@ class FlowGate:
         charge = rates.admit(who.tenant, ctx.prompt_tokens)
         try:
             ticket = await self._admit(ctx, receive, who)
-        except BaseException:
-            if charge is not None and charge.tokens is not None:
-                rates.refund(who.tenant, charge.tokens)
+        except BaseException as e:
+            if charge is not None:
+                if charge.tokens is not None:
+                    rates.refund(who.tenant, charge.tokens)
+                if isinstance(e, ProxyError):  # a refusal is an answer too: it has the quota
+                    e.headers = [*e.headers, *charge.headers]
             raise
         return ticket if charge is None else ticket._replace(rate=charge)
 
