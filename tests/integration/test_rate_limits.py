@@ -47,11 +47,19 @@ async def test_requests_per_minute_headers_then_openai_429(fleet: SimFleet) -> N
         openai.AsyncOpenAI(base_url=url + "/v1", api_key="k", max_retries=0) as client,
     ):
         team_a = {"x-gateway-fairness-id": "team-a"}
-        for left in ("1", "0"):
+        for left, stream in (("1", False), ("0", True)):  # a whole answer, then a stream
             raw = await client.completions.with_raw_response.create(
-                model=DEFAULT_MODEL, prompt="hello", max_tokens=2, extra_headers=team_a
+                model=DEFAULT_MODEL,
+                prompt="hello",
+                max_tokens=2,
+                stream=stream,
+                extra_headers=team_a,
             )
-            assert raw.parse().choices[0].text
+            answer = raw.parse()
+            if stream:
+                assert [chunk async for chunk in answer]
+            else:
+                assert answer.choices[0].text
             assert raw.headers["x-ratelimit-limit-requests"] == "2"
             assert raw.headers["x-ratelimit-remaining-requests"] == left
             assert re.fullmatch(r"\d+(\.\d+)?s", raw.headers["x-ratelimit-reset-requests"])
