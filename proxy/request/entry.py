@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from policies.policy import RequestContext
-from proxy.asgi import Message, Receive, Scope, Send, send_error
+from proxy.asgi import Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
 from proxy.ports import FlowControl, FlowTicket, RequestLog, RequestServices
 from proxy.request.body_budget import BodyBudget, no_room
@@ -195,15 +195,17 @@ class Forwarder:
                     # Last before routing, with no await after it: a request dispatched from
                     # the queue is routed (and charged) with the fleet as it is then.
                     ticket = await self._flow.admit(ctx, receive)
-                    if ticket.rate is not None:
-                        send = _with_headers(send, ticket.rate.headers)
                 session = RequestSession(
                     self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                     self._movability(ctx),
                 )  # fmt: skip
+                if ticket is not None and ticket.rate is not None:
+                    session.answer_headers = ticket.rate.headers
                 status = await self._serve(receive, session)
             except ProxyError as e:
                 status = e.status
+                if ticket is not None and ticket.rate is not None:
+                    e.headers = [*e.headers, *ticket.rate.headers]  # an error is an answer too
                 await send_error(send, e, request_id)
             except Exception:
                 # Never a traceback to the client; the log keeps it.
@@ -363,14 +365,3 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], watch: _W
     if not watch.finished:
         watch.disconnected = True
         task.cancel()
-
-
-def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
-    """`send` adding `extra` to the answer's head (a rate-limited tenant's quota headers)."""
-
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message["headers"], *extra]}
-        await send(message)
-
-    return sending
