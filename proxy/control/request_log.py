@@ -32,8 +32,8 @@ from typing import IO, Any, NamedTuple
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.answer_usage import usage_counts
 from proxy.ports import FinishedRequest, FlowTicket
+from proxy.stream.answer_usage import usage_counts
 
 # How often the queue is written out; a line appears at most this long after its request.
 FLUSH_EVERY_S = 0.1

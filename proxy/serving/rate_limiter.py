@@ -12,9 +12,9 @@ from fleet.clock import Clock
 from flowcontrol.config import RateLimitsConfig
 from flowcontrol.rate_limit import Limits, Quota, Verdict, correct, duration, take
 from flowcontrol.rate_table import RateTable
-from proxy.answer_usage import usage_counts
 from proxy.errors import ProxyError
 from proxy.ports import FinishedRequest, RateCharge
+from proxy.stream.answer_usage import usage_counts
 
 Headers = list[tuple[bytes, bytes]]
 
