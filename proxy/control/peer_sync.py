@@ -150,6 +150,12 @@ class PeerSync:
 
     def step(self) -> None:
         self.apply_pending()
+        self.exchange()
+
+    def exchange(self) -> None:
+        """Publish this worker's load now and read the others' (every step, and between two
+        steps when flow control is about to dispatch: it sees its peers' newest load, and
+        they see its last dispatch, without waiting for the next step)."""
         self.ticks += 1
         backends = list(self.fleet)
         now = self.clock.now()
@@ -185,6 +191,10 @@ class PeerSync:
 
     def rows(self) -> list[WorkerRow]:
         return self.peers.rows()
+
+    def waiting_rows(self) -> list[tuple[int, int]]:
+        """(worker, requests waiting in its flow-control queues) of every worker."""
+        return [(r.worker, r.waiting) for r in self.peers.rows()]
 
     def close(self) -> None:
         self.changes.close()

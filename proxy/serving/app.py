@@ -231,12 +231,7 @@ def create_app(
             flow.waiting_count if flow is not None else None,
         )
         if flow is not None:
-            peers = sync
-
-            def waiting_rows() -> list[tuple[int, int]]:
-                return [(r.worker, r.waiting) for r in peers.rows()]
-
-            flow.share_waiting(seat.index, waiting_rows)
+            flow.join(sync)
         # /metrics answers for the worker that serves the scrape: say which one.
         core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)

@@ -19,7 +19,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -48,6 +48,21 @@ OUTCOMES = {
     TENANT_FULL: "RejectedCapacity",
 }
 CLIENT_LEFT = "EvictedContextCancelled"
+
+
+class WorkerPeers(Protocol):
+    """The other worker processes (`--workers N`), as flow control uses them
+    (proxy/control/peer_sync.py's PeerSync)."""
+
+    @property
+    def worker(self) -> int:
+        """This worker's index."""
+
+    def waiting_rows(self) -> list[tuple[int, int]]:
+        """(worker, requests waiting in its queues) of every worker, as last published."""
+
+    def exchange(self) -> None:
+        """Publish this worker's load (and waiting count) now and read the others'."""
 
 
 class FlowGate:
@@ -95,17 +110,15 @@ class FlowGate:
         self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
         self._suspending: dict[str, asyncio.Task[Any]] = {}
         self._suspended: set[int] = set()
-        # With several workers: (worker, requests waiting in its queues) of every worker,
-        # from the shared segment (`share_waiting`).
-        self._workers_waiting: Callable[[], list[tuple[int, int]]] | None = None
-        self._worker = 0
+        # With several workers: the other worker processes (`join`).
+        self._peers: WorkerPeers | None = None
         if registry is not None:
             self._bind_metrics(registry)
 
-    def share_waiting(self, worker: int, rows: Callable[[], list[tuple[int, int]]]) -> None:
-        """Show every worker's waiting count (`rows`), this one's (`worker`) read live."""
-        self._worker = worker
-        self._workers_waiting = rows
+    def join(self, peers: WorkerPeers) -> None:
+        """One of several workers: show every worker's waiting count, and exchange load with
+        the others before each dispatch cycle."""
+        self._peers = peers
 
     def waiting_count(self) -> int:
         """Requests waiting in this process's queues (published to the other workers)."""
@@ -113,11 +126,11 @@ class FlowGate:
 
     def workers_waiting(self) -> dict[int, int] | None:
         """Requests waiting per worker process; None with one process."""
-        rows = self._workers_waiting
-        if rows is None:
+        peers = self._peers
+        if peers is None:
             return None
-        waiting = dict(rows())
-        waiting[self._worker] = len(self._waiters)
+        waiting = dict(peers.waiting_rows())
+        waiting[peers.worker] = len(self._waiters)  # its own, live
         return waiting
 
     def _limits(self, priority: int) -> BandLimits:
@@ -295,6 +308,11 @@ class FlowGate:
                     await asyncio.wait_for(wake.wait(), interval)
 
     def _cycle(self) -> None:
+        if self._peers is not None:
+            # The other workers' dispatches since their last sync count against saturation,
+            # and this worker's last dispatch against theirs: a pool freeing room is not
+            # filled by every worker at once on a view up to a sync interval old.
+            self._peers.exchange()
         now = self._core.clock.now()
         for model, pool in list(self.pools.items()):
             if not pool.count:
@@ -458,7 +476,7 @@ class FlowGate:
             # Each worker queues its own requests; these are every worker's counts (the
             # others' as of their last sync, within `peer_sync_interval`).
             shared = {
-                "answered_by": self._worker,
+                "answered_by": self._peers.worker if self._peers is not None else 0,
                 "waiting_all_workers": sum(workers.values()),
                 "workers": [{"worker": w, "waiting": n} for w, n in sorted(workers.items())],
             }
