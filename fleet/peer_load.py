@@ -9,11 +9,12 @@ Layout, all native int64 (aligned 8-byte stores, so a reader never sees half a n
 see one cell newer than the next, which a load estimate tolerates):
 
     header:  MAGIC, VERSION, workers, slots
-    row w:   pid, dispatched, ticks, routable, applied, 0, 0, 0,
+    row w:   pid, dispatched, ticks, routable, applied, waiting, 0, 0,
              then per slot: generation, in_flight, pending, decodes
 
 (`routable`: backends the worker can route to; `applied`: how far into the change log it has
-applied fleet changes. Both let an operator or a test see that every worker is in step.)
+applied fleet changes. Both let an operator or a test see that every worker is in step.
+`waiting`: requests held in the worker's flow-control queues, so any worker can show them all.)
 
 A slot is keyed by backend id in `SlotTable`. Every worker builds the same table without talking to
 the others: the configured backends take slots 0.. in order, and later admin changes are applied by
@@ -40,7 +41,7 @@ INITIAL_GENERATION = 1
 DEFAULT_SLOTS = 512
 
 # Offsets inside a row header and a cell.
-PID, DISPATCHED, TICKS, ROUTABLE, APPLIED = 0, 1, 2, 3, 4
+PID, DISPATCHED, TICKS, ROUTABLE, APPLIED, WAITING = 0, 1, 2, 3, 4, 5
 GENERATION, IN_FLIGHT, PENDING, DECODES = 0, 1, 2, 3
 
 
@@ -151,6 +152,7 @@ class WorkerRow:
     ticks: int
     routable: int
     applied: int
+    waiting: int = 0
 
 
 class PeerSegment:
@@ -201,6 +203,7 @@ class PeerLoad:
         tick: int,
         routable: int = 0,
         applied: int = 0,
+        waiting: int = 0,
     ) -> None:
         """Write this worker's row: every slotted backend's own load, and zeroes for the
         slots it wrote last time whose backend has gone."""
@@ -230,6 +233,7 @@ class PeerLoad:
         words[row + TICKS] = tick
         words[row + ROUTABLE] = routable
         words[row + APPLIED] = applied
+        words[row + WAITING] = waiting
 
     def absorb(self, backends: Iterable[Backend], slots: SlotTable) -> None:
         """Set every backend's `Load.peer_*` from the other workers' rows."""
@@ -262,6 +266,7 @@ class PeerLoad:
                 ticks=words[r + TICKS],
                 routable=words[r + ROUTABLE],
                 applied=words[r + APPLIED],
+                waiting=words[r + WAITING],
             )
             for w in range(layout.workers)
             for r in (layout.row(w),)

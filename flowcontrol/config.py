@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from flowcontrol.rate_limit import Limits
 from flowcontrol.saturation import SaturationThresholds
 
 
@@ -39,6 +40,38 @@ class BandConfig(BaseModel):
     queue_ttl: float | None = Field(None, gt=0, allow_inf_nan=False)
     capacity: int | None = Field(None, ge=0)
     tenant_capacity: int | None = Field(None, ge=0)
+
+
+class RateLimit(BaseModel):
+    """A tenant's allowance per minute; an absent one is not limited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    # Prompt plus completion tokens, from the answers' usage (the prompt estimate is charged
+    # when the request passes, corrected when its usage is known).
+    tokens_per_minute: int | None = Field(None, ge=1)
+
+    def limits(self) -> Limits:
+        return Limits(self.requests_per_minute, self.tokens_per_minute)
+
+
+class RateLimitsConfig(BaseModel):
+    """Per-tenant rate limits: `default` for every tenant, `tenants` replacing it for some."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default: RateLimit = Field(default_factory=lambda: RateLimit.model_validate({}))
+    # Tenant -> its own allowance, in place of the default (a limit it leaves out is none).
+    tenants: dict[str, RateLimit] = Field(default_factory=dict)
+
+    def of(self, tenant: str) -> Limits:
+        own = self.tenants.get(tenant)
+        return (own if own is not None else self.default).limits()
+
+    @property
+    def any(self) -> bool:
+        return self.default.limits().any or any(t.limits().any for t in self.tenants.values())
 
 
 class FlowControlConfig(BaseModel):
@@ -81,6 +114,8 @@ class FlowControlConfig(BaseModel):
     preemption: bool = False
     # What a refused client is told to wait (seconds) before it tries again.
     retry_after: int = Field(1, ge=0)
+    # Requests and tokens per minute per tenant, checked before a request queues.
+    rate_limits: RateLimitsConfig | None = None
 
     @field_validator("fairness_header", "objective_header", "priority_header")
     @classmethod

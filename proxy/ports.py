@@ -41,6 +41,14 @@ class FinishedRequest(NamedTuple):
     completion_tokens: int | None  # from a tracked stream's token ids
 
 
+class RateCharge(NamedTuple):
+    """What a rate-limited request was charged: the `x-ratelimit-*` headers its answer
+    carries, and the prompt estimate taken from its tenant's tokens (None: not limited)."""
+
+    headers: list[tuple[bytes, bytes]]
+    tokens: int | None
+
+
 class FlowTicket(NamedTuple):
     """A request flow control let through: who asked, how urgently, how long it waited."""
 
@@ -49,6 +57,7 @@ class FlowTicket(NamedTuple):
     waited: float  # seconds in the flow-control queue (0: dispatched at once)
     program: str | None
     key: int = 0  # which admission this is, unique in its process
+    rate: RateCharge | None = None  # None: its tenant has no rate limits
 
 
 class FlowControl(Protocol):
@@ -59,8 +68,9 @@ class FlowControl(Protocol):
         when dispatched from the queue. Raises ProxyError when refused (queue full, waited past
         its TTL) or when the client leaves while queued (499)."""
 
-    def done(self, ticket: FlowTicket, completion_tokens: int | None) -> None:
-        """The request ended: its room may go to a queued one."""
+    def done(self, ticket: FlowTicket, finished: FinishedRequest | None) -> None:
+        """The request ended: its room may go to a queued one, its usage charged to its tenant
+        (`finished` is read only for a program's service or a tenant's token limit)."""
 
 
 class RequestLog(Protocol):

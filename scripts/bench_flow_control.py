@@ -1,45 +1,134 @@
-"""Noisy neighbour: does a quiet tenant keep its latency while another floods the fleet?
+"""Flow control's scenarios on simulated engines (few sequences each, so the fleet saturates):
 
-Starts simulated engines (few sequences each, so the fleet saturates), then fleet-proxy in this
-process once per scenario: without flow control, with round-robin fairness and with
-token-weighted fairness. In each, a noisy tenant keeps `--noisy-concurrency` long-prompt
-requests in flight while a quiet tenant sends short requests one after another; the quiet
-tenant's latencies and both tenants' request counts are printed per scenario.
+- `noisy`: a noisy tenant keeps `--noisy-concurrency` long-prompt requests in flight while a
+  quiet tenant sends short requests one after another; without flow control, with
+  round-robin and with token-weighted fairness. Prints the quiet tenant's latency.
+- `priorities`: twice the fleet's sequences in flight, half critical streams and half
+  sheddable (batch) ones; without flow control, with it, and with it and preemption. Prints
+  the critical band's TTFT SLO attainment (`--ttft-slo`), the client errors, the tokens the
+  batch clients lost (asked for and never received) and the tokens the engines recomputed
+  for suspended streams.
+- `agents`: Autellix-style programs, each a chain of calls sharing an `x-program-id`: long
+  programs all started at once, short ones (2 calls) arriving one every `--short-every`
+  seconds while they run; FCFS against least attained service (`las`). Prints the programs'
+  completion times (p50, p90) per kind.
+- `cost`: the proxy's CPU per request below saturation, with flow control configured (and a
+  rate limit) and without: the proxy runs as its own process (`fleet-proxy serve`) and its
+  CPU time is read from /proc before and after a run of sequential requests.
 
-Everything shares this machine: compare the scenarios of one run, on a quiet machine, and
+Everything shares this machine: compare the variants of one run, on a quiet machine, and
 read nothing absolute into the figures.
 
-    python scripts/bench_flow_control.py [--duration 20] [--engines 2] [--max-num-seqs 4]
+    python scripts/bench_flow_control.py [--scenarios noisy,priorities,agents,cost]
+        [--duration 20] [--engines 2] [--max-num-seqs 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import contextlib
+import json
+import os
+import re
+import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
 
-from proxy.serving.app import create_app
+from proxy.serving.app import FleetProxyApp, create_app
 from proxy.serving.front_door import uvicorn_config
 from proxy.settings import load_settings
 from simulator.fleet import DEFAULT_MODEL, SimFleet, start_fleet
 from simulator.profiles import DEFAULT_PROFILE, load_profile
 
-SCENARIOS: dict[str, dict[str, Any] | None] = {
+REPO = Path(__file__).resolve().parents[1]
+FAIRNESS: dict[str, dict[str, Any] | None] = {
     "off": None,
     "round_robin": {"fairness": "round_robin"},
     "token_weighted": {"fairness": "token_weighted"},
+}
+# The proxy holds requests as soon as one waits on every engine, so the queue forms in the
+# proxy (where priorities and ordering apply) rather than in the engines.
+HOLD_EARLY = {"saturation": {"queue_depth_threshold": 1}}
+BANDS = {"objectives": {"critical": 10, "batch": -1}}
+PRIORITIES: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "flow": {**HOLD_EARLY, **BANDS},
+    "flow+preemption": {**HOLD_EARLY, **BANDS, "preemption": True},
+}
+ORDERINGS: dict[str, dict[str, Any]] = {
+    "fcfs": {**HOLD_EARLY, "ordering": "fcfs"},
+    "las": {**HOLD_EARLY, "ordering": "las"},
+}
+COST: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "flow": {},
+    "flow+rate_limits": {"rate_limits": {"default": {"requests_per_minute": 10_000_000}}},
 }
 LONG_PROMPT = "The fleet serves many tenants at once. " * 200  # ~8k characters
 SHORT_PROMPT = "Say hello."
 
 
-def body(prompt: str, max_tokens: int) -> dict[str, Any]:
-    return {"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+def body(prompt: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+        "stream": stream,
+    }  # fmt: skip
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    fleet: SimFleet, flow: dict[str, Any] | None
+) -> AsyncIterator[tuple[httpx.AsyncClient, FleetProxyApp]]:
+    """fleet-proxy in this process in front of `fleet`, every engine scraped, and a client."""
+    settings: dict[str, Any] = {"backends": fleet.urls, "scrape_interval": 0.05}
+    if flow is not None:
+        settings["flow_control"] = flow
+    app = create_app(load_settings(settings))
+    config = uvicorn_config(app, app.core.settings, port=0, loop="none", log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        for _ in range(600):  # bounded: 30 s for the proxy to listen
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.05)  # uvicorn offers no event to wait on
+        if not server.started:
+            raise SystemExit("fleet-proxy did not start listening")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        limits = httpx.Limits(max_connections=1000)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits
+        ) as c:
+            for _ in range(600):  # bounded: 30 s for a first scrape of every engine
+                if (await c.get("/ready")).json().get("backends") == len(fleet.urls):
+                    break
+                await asyncio.sleep(0.05)
+            yield c, app
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def metric_sum(c: httpx.AsyncClient, name: str) -> float:
+    text = (await c.get("/metrics")).text
+    return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name))
+
+
+# --- noisy neighbour
 
 
 async def tenant_loop(
@@ -57,64 +146,250 @@ async def tenant_loop(
             await asyncio.sleep(0.05)  # refused: back off a little, as a client would
 
 
-async def scenario(fleet: SimFleet, flow: dict[str, Any] | None, args: argparse.Namespace) -> None:
-    settings: dict[str, Any] = {"backends": fleet.urls, "scrape_interval": 0.05}
-    if flow is not None:
-        settings["flow_control"] = flow
-    app = create_app(load_settings(settings))
-    config = uvicorn_config(app, app.core.settings, port=0, loop="none", log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    for _ in range(600):  # bounded: 30 s for the proxy to listen
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.05)  # uvicorn offers no event to wait on
-    if not server.started:
-        raise SystemExit("fleet-proxy did not start listening")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-            for _ in range(600):  # bounded: 30 s for a first scrape of every engine
-                ready = (await c.get("/ready")).json()
-                if ready.get("backends") == len(fleet.urls):
-                    break
-                await asyncio.sleep(0.05)
+async def noisy(fleet: SimFleet, args: argparse.Namespace) -> None:
+    for name, flow in FAIRNESS.items():
+        async with serving(fleet, flow) as (c, _):
             until = time.monotonic() + args.duration
             quiet: list[float] = []
-            noisy: list[float] = []
+            loud: list[float] = []
             quiet_status: dict[int, int] = {}
-            noisy_status: dict[int, int] = {}
+            loud_status: dict[int, int] = {}
             loops = [
-                tenant_loop(c, "noisy", LONG_PROMPT, 32, until, noisy, noisy_status)
+                tenant_loop(c, "noisy", LONG_PROMPT, 32, until, loud, loud_status)
                 for _ in range(args.noisy_concurrency)
             ]
             loops.append(tenant_loop(c, "quiet", SHORT_PROMPT, 32, until, quiet, quiet_status))
             await asyncio.gather(*loops)
-        name = "off" if flow is None else flow["fairness"]
-        q = sorted(quiet)
-        p50 = statistics.median(q) if q else float("nan")
-        p95 = q[int(0.95 * (len(q) - 1))] if q else float("nan")
         print(
-            f"{name:>15}: quiet {len(q)} ok, p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
-            f"statuses {quiet_status}; noisy {len(noisy)} ok, statuses {noisy_status}"
+            f"noisy {name:>15}: quiet {len(quiet)} ok, p50 {quantile(quiet, 0.5) * 1000:.0f} ms,"
+            f" p95 {quantile(quiet, 0.95) * 1000:.0f} ms, statuses {quiet_status}; "
+            f"noisy {len(loud)} ok, statuses {loud_status}"
         )
+
+
+# --- priorities under overload
+
+
+@dataclass
+class StreamTally:
+    ttfts: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    errors: int = 0  # refusals, and streams cut short (an error event, no finish_reason)
+    lost_tokens: int = 0  # tokens a cut stream's client asked for (ignore_eos) and never got
+
+
+async def stream_once(
+    c: httpx.AsyncClient, headers: dict[str, str], max_tokens: int, tally: StreamTally
+) -> None:
+    start = time.monotonic()
+    received = 0
+    first: float | None = None
+    failed = False
+    finished = False
+    payload = body(SHORT_PROMPT, max_tokens, stream=True)
+    async with c.stream("POST", "/v1/completions", json=payload, headers=headers) as r:
+        tally.statuses[r.status_code] = tally.statuses.get(r.status_code, 0) + 1
+        if r.status_code != 200:
+            await r.aread()
+            tally.errors += 1
+            await asyncio.sleep(0.05)  # refused: back off a little, as a client would
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                failed = True
+                continue
+            choice = (event.get("choices") or [{}])[0]
+            if choice.get("text"):
+                received += 1
+                if first is None:
+                    first = time.monotonic() - start
+            finished = finished or choice.get("finish_reason") is not None
+    if first is not None:
+        tally.ttfts.append(first)
+    if failed or not finished:  # cut short: what it had not received is lost to it
+        tally.errors += 1
+        tally.lost_tokens += max(0, max_tokens - received)
+
+
+async def band_loop(
+    c: httpx.AsyncClient, objective: str, max_tokens: int, until: float, tally: StreamTally
+) -> None:
+    headers = {"x-gateway-inference-objective": objective}
+    while time.monotonic() < until:
+        await stream_once(c, headers, max_tokens, tally)
+
+
+async def priorities(fleet: SimFleet, args: argparse.Namespace) -> None:
+    slots = args.engines * args.max_num_seqs  # twice this many in flight: 2x overload
+    for name, flow in PRIORITIES.items():
+        async with serving(fleet, flow) as (c, _):
+            until = time.monotonic() + args.duration
+            critical, batch = StreamTally(), StreamTally()
+            await asyncio.gather(
+                *(band_loop(c, "critical", 16, until, critical) for _ in range(slots)),
+                *(band_loop(c, "batch", 128, until, batch) for _ in range(slots)),
+            )
+            recomputed = await metric_sum(c, "fleet_proxy_migration_recomputed_tokens_total")
+            preempted = await metric_sum(c, "fleet_proxy_flow_control_preemptions_total")
+        met = sum(1 for t in critical.ttfts if t <= args.ttft_slo)
+        attained = met / len(critical.ttfts) if critical.ttfts else float("nan")
+        print(
+            f"priorities {name:>15}: critical {len(critical.ttfts)} streams, TTFT <= "
+            f"{args.ttft_slo:g} s: {attained:.0%}, p90 {quantile(critical.ttfts, 0.9):.2f} s, "
+            f"errors {critical.errors}; batch {len(batch.ttfts)} streams, statuses "
+            f"{batch.statuses}, errors {batch.errors}, lost tokens {batch.lost_tokens}; "
+            f"preemptions {preempted:.0f}, recomputed tokens {recomputed:.0f}"
+        )
+
+
+# --- agent programs
+
+
+async def program(c: httpx.AsyncClient, pid: str, calls: int, done: list[float]) -> None:
+    start = time.monotonic()
+    headers = {"x-program-id": pid}
+    for _ in range(calls):  # each call waits for the one before, as an agent's steps do
+        r = await c.post("/v1/completions", json=body(SHORT_PROMPT, 32), headers=headers)
+        if r.status_code != 200:
+            return  # a failed program has no completion time
+    done.append(time.monotonic() - start)
+
+
+async def arriving(c: httpx.AsyncClient, pid: str, after: float, done: list[float]) -> None:
+    """A short program (2 calls) starting `after` seconds in, while the long ones run."""
+    await asyncio.sleep(after)
+    await program(c, pid, 2, done)
+
+
+async def agents(fleet: SimFleet, args: argparse.Namespace) -> None:
+    for name, flow in ORDERINGS.items():
+        async with serving(fleet, flow) as (c, _):
+            short: list[float] = []
+            long: list[float] = []
+            runs = [
+                program(c, f"long-{i}", args.long_calls, long) for i in range(args.long_programs)
+            ]
+
+            runs += [
+                arriving(c, f"short-{i}", args.short_every * (i + 1), short)
+                for i in range(args.short_programs)
+            ]
+            await asyncio.gather(*runs)
+        every = short + long
+        print(
+            f"agents {name:>15}: all {len(every)} programs p50 {quantile(every, 0.5):.2f} s, "
+            f"p90 {quantile(every, 0.9):.2f} s; short p50 {quantile(short, 0.5):.2f} s, "
+            f"p90 {quantile(short, 0.9):.2f} s; long p50 {quantile(long, 0.5):.2f} s, "
+            f"p90 {quantile(long, 0.9):.2f} s"
+        )
+
+
+# --- the cost below saturation
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and its children that have been waited for (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def proxy_process(
+    fleet: SimFleet, flow: dict[str, Any] | None
+) -> AsyncIterator[tuple[int, str]]:
+    """`fleet-proxy serve` as its own process: (pid, base url)."""
+    cmd = [sys.executable, "-m", "proxy.serving.cli", "serve", "--port", "0"]
+    cmd += ["--log-level", "warning"]
+    for url in fleet.urls:
+        cmd += ["--backend", url]
+    env = dict(os.environ)  # the default scrape interval: less idle CPU to tell apart
+    if flow is not None:
+        env["FLEET_PROXY_FLOW_CONTROL"] = json.dumps(flow)
+    p = await asyncio.create_subprocess_exec(
+        *cmd, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        assert p.stdout is not None
+        line = await asyncio.wait_for(p.stdout.readline(), timeout=60)
+        m = re.search(rb"base_url = (http://\S+)/v1", line)
+        if m is None:
+            raise SystemExit(f"fleet-proxy did not start: {line!r}")
+        yield p.pid, m.group(1).decode()
     finally:
-        server.should_exit = True
-        await task
+        p.terminate()
+        await asyncio.wait_for(p.wait(), timeout=30)
+
+
+async def cost(fleet: SimFleet, args: argparse.Namespace) -> None:
+    for name, flow in COST.items():
+        flow_settings = None if flow is None else dict(flow)
+        async with (
+            proxy_process(fleet, flow_settings) as (pid, url),
+            httpx.AsyncClient(base_url=url, timeout=60) as c,
+        ):
+            for _ in range(600):  # bounded: 30 s for a first scrape of every engine
+                if (await c.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            await sequential(c, 20)  # warm
+            # What the proxy spends with no requests (scrapes, health checks), per second.
+            before, start = cpu_seconds(pid), time.monotonic()
+            await asyncio.sleep(args.idle_seconds)
+            idle = (cpu_seconds(pid) - before) / (time.monotonic() - start)
+            before, start = cpu_seconds(pid), time.monotonic()
+            await sequential(c, args.cost_requests)
+            used, wall = cpu_seconds(pid) - before, time.monotonic() - start
+        n = args.cost_requests
+        print(
+            f"cost {name:>17}: {n} requests, proxy CPU {used / n * 1e6:.0f} us per request, "
+            f"{(used - idle * wall) / n * 1e6:.0f} us less its idle {idle * 1e3:.0f} ms/s "
+            f"({wall:.1f} s wall)"
+        )
+
+
+async def sequential(c: httpx.AsyncClient, n: int) -> None:
+    for _ in range(n):
+        r = await c.post("/v1/completions", json=body(SHORT_PROMPT, 4))
+        r.raise_for_status()
+
+
+SCENARIOS: dict[str, Callable[[SimFleet, argparse.Namespace], Awaitable[None]]] = {
+    "noisy": noisy,
+    "priorities": priorities,
+    "agents": agents,
+    "cost": cost,
+}
 
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--duration", type=float, default=20.0, help="seconds per scenario")
+    p.add_argument("--scenarios", default="noisy", help=f"comma list of {', '.join(SCENARIOS)}")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds per variant")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--noisy-concurrency", type=int, default=32)
+    p.add_argument("--ttft-slo", type=float, default=1.0, help="critical TTFT SLO, seconds")
+    p.add_argument("--long-programs", type=int, default=16)
+    p.add_argument("--long-calls", type=int, default=20, help="calls of a long program")
+    p.add_argument("--short-programs", type=int, default=24, help="2 calls each")
+    p.add_argument("--short-every", type=float, default=0.1, help="seconds between short ones")
+    p.add_argument("--cost-requests", type=int, default=500)
+    p.add_argument("--idle-seconds", type=float, default=3.0, help="cost: idle CPU measured")
     p.add_argument("--speed", type=float, default=4.0, help="simulated time per real second")
     args = p.parse_args()
+    chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    for s in chosen:
+        if s not in SCENARIOS:
+            raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIOS)}")
     profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=args.max_num_seqs)
-    async with await start_fleet(args.engines, profile=profile, speed=args.speed) as fleet:
-        for flow in SCENARIOS.values():
-            await scenario(fleet, flow, args)
+    for s in chosen:
+        # Fresh engines per scenario: one scenario's leftovers do not slow the next.
+        async with await start_fleet(args.engines, profile=profile, speed=args.speed) as fleet:
+            await SCENARIOS[s](fleet, args)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ class StateRoutes:
                     "dispatched": r.dispatched,
                     "routable": r.routable,
                     "changes_applied_to": r.applied,
+                    "flow_control_waiting": r.waiting,
                 }
                 for r in sync.rows()
             ],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,8 +116,11 @@ class PeerSync:
         changes: ChangeLog,
         interval: float,
         clock: Clock | None = None,
+        waiting: Callable[[], int] | None = None,
     ) -> None:
         self.fleet = fleet
+        # Requests waiting in this worker's flow-control queues, published for the others.
+        self.waiting = waiting
         self.clock: Clock = clock or SystemClock()
         self.peers = peers
         self.changes = changes
@@ -147,6 +150,12 @@ class PeerSync:
 
     def step(self) -> None:
         self.apply_pending()
+        self.exchange()
+
+    def exchange(self) -> None:
+        """Publish this worker's load now and read the others' (every step, and between two
+        steps when flow control is about to dispatch: it sees its peers' newest load, and
+        they see its last dispatch, without waiting for the next step)."""
         self.ticks += 1
         backends = list(self.fleet)
         now = self.clock.now()
@@ -158,6 +167,7 @@ class PeerSync:
             tick=self.ticks,
             routable=sum(1 for b in backends if b.routable(now, stale_after)),
             applied=self.changes.read_to,
+            waiting=self.waiting() if self.waiting is not None else 0,
         )
         self.peers.absorb(backends, self.slots)
 
@@ -181,6 +191,10 @@ class PeerSync:
 
     def rows(self) -> list[WorkerRow]:
         return self.peers.rows()
+
+    def waiting_rows(self) -> list[tuple[int, int]]:
+        """(worker, requests waiting in its flow-control queues) of every worker."""
+        return [(r.worker, r.waiting) for r in self.peers.rows()]
 
     def close(self) -> None:
         self.changes.close()
@@ -222,8 +236,8 @@ class SharedChanges:
 @dataclass(frozen=True, slots=True)
 class WorkerSeat:
     """What a worker process is told by the supervisor: which row is its own, and where the
-    shared segment, the change log and the boards of metrics and health verdicts (empty:
-    none, every worker polls every backend itself) are."""
+    shared segment, change log, rate-limit table and the boards of metrics and health
+    verdicts (empty: none, every worker polls every backend itself) are."""
 
     index: int
     count: int
@@ -231,3 +245,4 @@ class WorkerSeat:
     change_log: str
     metrics_board: str = ""
     health_board: str = ""
+    rate_table: str | None = None  # flowcontrol/rate_table.py's file, every worker's buckets

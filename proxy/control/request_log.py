@@ -25,7 +25,6 @@ import collections
 import contextlib
 import datetime
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -35,20 +34,12 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter
 
 from proxy.ports import FinishedRequest, FlowTicket
+from proxy.stream.answer_usage import usage_counts
 
 # How often the queue is written out; a line appears at most this long after its request.
 FLUSH_EVERY_S = 0.1
 # Entries waiting to be written; more are dropped (and counted).
 CAPACITY = 10_000
-
-_USAGE = re.compile(rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)')
-# The Responses and Messages APIs' names for the same counts.
-_USAGE_FIELDS = {
-    b"prompt_tokens": "prompt_tokens",
-    b"completion_tokens": "completion_tokens",
-    b"input_tokens": "prompt_tokens",
-    b"output_tokens": "completion_tokens",
-}
 
 
 class _Entry(NamedTuple):
@@ -190,12 +181,8 @@ def entry_fields(e: _Entry) -> dict[str, Any]:
         fields["queue_wait_ms"] = round(flow.waited * 1000.0, 3)
     if f is None:
         return fields
-    answer = f.answer
-    if answer is not None:
-        usage = answer.rfind(b'"usage"')
-        if usage >= 0:
-            for name, value in _USAGE.findall(answer, usage):
-                fields[_USAGE_FIELDS[name]] = int(value)
+    if f.answer is not None:
+        fields.update(usage_counts(f.answer))
     if f.completion_tokens is not None:
         fields["completion_tokens"] = f.completion_tokens
     return fields

@@ -205,9 +205,13 @@ class Forwarder:
                     self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                     self._movability(ctx),
                 )  # fmt: skip
+                if ticket is not None and ticket.rate is not None:
+                    session.answer_headers = ticket.rate.headers
                 status = await self._serve(receive, session)
             except ProxyError as e:
                 status = e.status
+                if ticket is not None and ticket.rate is not None:
+                    e.headers = [*e.headers, *ticket.rate.headers]  # an error is an answer too
                 await send_error(send, e, request_id)
             except Exception:
                 # Never a traceback to the client; the log keeps it.
@@ -230,9 +234,10 @@ class Forwarder:
     def _flow_done(self, ticket: FlowTicket, session: RequestSession | None) -> None:
         flow = self._flow
         assert flow is not None
-        # Output tokens count as a program's attained service, where they are known.
-        done = session.finished() if session is not None and ticket.program else None
-        flow.done(ticket, done.completion_tokens if done is not None else None)
+        # Output tokens count as a program's attained service, and usage against its tenant's
+        # token limit, where they are known.
+        wanted = ticket.program or (ticket.rate is not None and ticket.rate.tokens is not None)
+        flow.done(ticket, session.finished() if session is not None and wanted else None)
 
     @staticmethod
     def _dealias(ctx: RequestContext, body: bytes, aliases: dict[str, str]) -> bytes:

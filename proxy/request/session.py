@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -102,6 +102,7 @@ class RequestSession:
         "_strip",
         "_wait_from",
         "answer",
+        "answer_headers",
         "arrived",
         "ctx",
         "dispatch",
@@ -166,6 +167,9 @@ class RequestSession:
         # An answer relayed whole, or the end of one relayed as it came: the request log reads
         # its usage there.
         self.answer: bytes | None = None
+        # Headers every answer of this request carries besides the backend's (a rate-limited
+        # tenant's quota).
+        self.answer_headers: Sequence[tuple[bytes, bytes]] = ()
         # The mover is handed the session per call, never keeps it: a reference back would
         # make every request a cycle for the garbage collector (~20 us of CPU per request).
         self._mover = Mover(core, legs, ctx, self.ledger, movability)
@@ -539,6 +543,8 @@ class RequestSession:
         )  # fmt: skip
         if leg.prefill is not None and named:
             out.append((b"x-fleet-prefill", leg.prefill.id.encode("latin-1")))
+        if self.answer_headers:
+            out.extend(self.answer_headers)
         if ctx.debug:
             out.append((b"x-fleet-decision", receipt_header(self.legs[0].decision)))
             if len(self.legs) > 1:

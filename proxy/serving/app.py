@@ -29,6 +29,7 @@ from fleet.changes import FleetChanges, LocalChanges
 from fleet.clock import Clock
 from fleet.metrics_board import MetricsBoard
 from fleet.peer_load import PeerLoad
+from flowcontrol.rate_table import RateTable
 from proxy.asgi import AsgiApp, Receive, Scope, Send, send_error
 from proxy.control.admin_routes import admin_router
 from proxy.control.colocated_planner import ColocatedPlanner
@@ -208,6 +209,19 @@ def create_app(
     # Read here, at start-up: a missing or empty keys file stops the proxy (ValueError).
     keys = client_keys(settings.client_keys(), settings.api_keys_file)
     core = ProxyCore(settings, clock)
+    flow: FlowGate | None = None
+    if settings.flow_control is not None:
+        # With several workers the rate limits' buckets are the shared table's: a tenant's
+        # limit holds for the whole proxy, whichever worker takes each request.
+        shared_rates = seat.rate_table if seat is not None else None
+        flow = FlowGate(
+            settings.flow_control,
+            core,
+            keys.tenant if keys is not None else None,
+            core.prom,
+            RateTable(shared_rates) if shared_rates is not None else None,
+        )
+
     sync: PeerSync | None = None
     scrapes: SharedScrapes | None = None
     if seat is not None:
@@ -217,6 +231,7 @@ def create_app(
             ChangeLog(Path(seat.change_log)),
             settings.peer_sync_interval,
             core.clock,
+            flow.waiting_count if flow is not None else None,
         )
         if seat.metrics_board and seat.health_board:
             # The first worker scrapes and checks every backend for all (docs/performance.md).
@@ -227,6 +242,8 @@ def create_app(
                 scraper=seat.index == 0,
             )
             core.metrics_share = scrapes
+        if flow is not None:
+            flow.join(sync)
         # /metrics answers for the worker that serves the scrape: say which one.
         core.prom.set_target_info({"worker": str(seat.index), "workers": str(seat.count)})
     changes: FleetChanges = SharedChanges(sync) if sync is not None else LocalChanges(core.fleet)
@@ -239,12 +256,6 @@ def create_app(
     # In one process only, its changes shared through the change log
     # (proxy/control/discovery_loop.py).
     discovers = settings.discovery_kubernetes and (seat is None or seat.index == 0)
-    flow: FlowGate | None = None
-    if settings.flow_control is not None:
-        flow = FlowGate(
-            settings.flow_control, core, keys.tenant if keys is not None else None, core.prom
-        )
-
     served: list[FleetProxyApp] = []  # the app the lifespan belongs to, once built
 
     @asynccontextmanager

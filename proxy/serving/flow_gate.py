@@ -19,7 +19,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -27,13 +27,15 @@ from prometheus_client.registry import Collector
 
 from flowcontrol.config import FlowControlConfig
 from flowcontrol.core import BAND_FULL, TENANT_FULL, TTL_EXPIRED, BandLimits, FlowQueues, Reject
-from flowcontrol.identity import Identify
+from flowcontrol.identity import Identify, Identity
 from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, Waiting
+from flowcontrol.rate_table import RateTable
 from flowcontrol.saturation import EndpointSignals, pool_saturation
 from policies.policy import RequestContext
 from proxy.asgi import Receive
 from proxy.errors import ProxyError
-from proxy.ports import FlowTicket, RequestServices
+from proxy.ports import FinishedRequest, FlowTicket, RequestServices
+from proxy.serving.rate_limiter import RateLimiter
 
 log = logging.getLogger("fleet_proxy.flow_control")
 
@@ -48,6 +50,21 @@ OUTCOMES = {
 CLIENT_LEFT = "EvictedContextCancelled"
 
 
+class WorkerPeers(Protocol):
+    """The other worker processes (`--workers N`), as flow control uses them
+    (proxy/control/peer_sync.py's PeerSync)."""
+
+    @property
+    def worker(self) -> int:
+        """This worker's index."""
+
+    def waiting_rows(self) -> list[tuple[int, int]]:
+        """(worker, requests waiting in its queues) of every worker, as last published."""
+
+    def exchange(self) -> None:
+        """Publish this worker's load (and waiting count) now and read the others'."""
+
+
 class FlowGate:
     """The proxy's `FlowControl`. `key_tenant(authorization)`: the tenant the client's
     accepted API key names (None without client keys)."""
@@ -58,11 +75,16 @@ class FlowGate:
         core: RequestServices,
         key_tenant: Callable[[str | None], str | None] | None = None,
         registry: CollectorRegistry | None = None,
+        rate_table: RateTable | None = None,
     ) -> None:
         self._config = config
         self._core = core
         self._key_tenant = key_tenant
         self._identify = Identify(config)
+        self._rates: RateLimiter | None = None
+        rate_limits = config.rate_limits
+        if rate_limits is not None and rate_limits.any:
+            self._rates = RateLimiter(rate_limits, rate_table or RateTable(), core.clock, registry)
         self._thresholds = config.saturation.thresholds(core.settings.scrape_interval)
         self._fairness = FAIRNESS[config.fairness]
         self._known_priorities = frozenset(
@@ -76,14 +98,40 @@ class FlowGate:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.Task[None] | None = None
         self._waited: Histogram | None = None
+        self._outcomes: Counter | None = None
+        # Tenants labelled by name in the metrics: configured ones and those API keys name
+        # (both bounded by the configuration); any other is "other".
+        self._known_tenants = set(config.tenant_priorities)
+        if config.rate_limits is not None:
+            self._known_tenants.update(config.rate_limits.tenants)
         self._preempted: Counter | None = None
         # Preemption: per pool, the sheddable streams it let through, by ticket key; the
         # suspension under way per pool (one at a time), and the keys suspended now.
         self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
         self._suspending: dict[str, asyncio.Task[Any]] = {}
         self._suspended: set[int] = set()
+        # With several workers: the other worker processes (`join`).
+        self._peers: WorkerPeers | None = None
         if registry is not None:
             self._bind_metrics(registry)
+
+    def join(self, peers: WorkerPeers) -> None:
+        """One of several workers: show every worker's waiting count, and exchange load with
+        the others before each dispatch cycle."""
+        self._peers = peers
+
+    def waiting_count(self) -> int:
+        """Requests waiting in this process's queues (published to the other workers)."""
+        return len(self._waiters)
+
+    def workers_waiting(self) -> dict[int, int] | None:
+        """Requests waiting per worker process; None with one process."""
+        peers = self._peers
+        if peers is None:
+            return None
+        waiting = dict(peers.waiting_rows())
+        waiting[peers.worker] = len(self._waiters)  # its own, live
+        return waiting
 
     def _limits(self, priority: int) -> BandLimits:
         return BandLimits(*self._config.band(priority))
@@ -93,9 +141,28 @@ class FlowGate:
     async def admit(self, ctx: RequestContext, receive: Receive) -> FlowTicket:
         headers = ctx.headers
         key_tenant = self._key_tenant
-        who = self._identify(
-            headers, key_tenant(headers.get("authorization")) if key_tenant else None
-        )
+        named = key_tenant(headers.get("authorization")) if key_tenant else None
+        if named is not None and named not in self._known_tenants:
+            self._known_tenants.add(named)
+        who = self._identify(headers, named)
+        rates = self._rates
+        if rates is None:
+            return await self._admit(ctx, receive, who)
+        # Over its rate: refused before it queues. A request the proxy refuses after charging
+        # it gets its tokens back.
+        charge = rates.admit(who.tenant, ctx.prompt_tokens)
+        try:
+            ticket = await self._admit(ctx, receive, who)
+        except BaseException as e:
+            if charge is not None:
+                if charge.tokens is not None:
+                    rates.refund(who.tenant, charge.tokens)
+                if isinstance(e, ProxyError):  # a refusal is an answer too: it has the quota
+                    e.headers = [*e.headers, *charge.headers]
+            raise
+        return ticket if charge is None else ticket._replace(rate=charge)
+
+    async def _admit(self, ctx: RequestContext, receive: Receive, who: Identity) -> FlowTicket:
         model = ctx.model
         now = self._core.clock.now()
         pool = self.pools.get(model)
@@ -106,7 +173,7 @@ class FlowGate:
             and self.saturation(model, now) < 1.0
         ):
             self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
-            self._observe(who.priority, model, DISPATCHED, 0.0)
+            self._observe(who.tenant, who.priority, model, DISPATCHED, 0.0)
             ticket = FlowTicket(who.tenant, who.priority, 0.0, ctx.program_id, next(self._seq))
             return self._admitted(ctx, ticket)
         pool, w = self._waiting(model, who.tenant, who.priority, ctx, now)
@@ -121,12 +188,12 @@ class FlowGate:
         waited = self._core.clock.now() - w.arrived
         if left.done() and not left.cancelled() and not dispatched:
             left.exception()  # a receive() that failed: the client is gone all the same
-            self._observe(w.priority, model, CLIENT_LEFT, waited)
+            self._observe(w.tenant, w.priority, model, CLIENT_LEFT, waited)
             raise ProxyError(499, "client disconnected while its request was queued")
         error = slot.exception()
         if error is not None:
             raise error
-        self._observe(w.priority, model, DISPATCHED, waited)
+        self._observe(w.tenant, w.priority, model, DISPATCHED, waited)
         return self._admitted(ctx, FlowTicket(w.tenant, w.priority, waited, w.program, w.seq))
 
     def _waiting(
@@ -146,7 +213,7 @@ class FlowGate:
         """Queue `w`: the future the dispatch loop resolves (or fails with the refusal)."""
         refused = pool.offer(w)
         if refused is not None:
-            self._observe(w.priority, model, OUTCOMES[refused.reason], 0.0)
+            self._observe(w.tenant, w.priority, model, OUTCOMES[refused.reason], 0.0)
             raise self._refusal(w, refused.reason)
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[w.seq] = slot
@@ -169,10 +236,13 @@ class FlowGate:
             self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
         return ticket
 
-    def done(self, ticket: FlowTicket, completion_tokens: int | None) -> None:
+    def done(self, ticket: FlowTicket, finished: FinishedRequest | None) -> None:
         if self._sheddable:
             self._forget_sheddable(ticket.key)
-        if completion_tokens:
+        if ticket.rate is not None and self._rates is not None:
+            self._rates.settle(ticket.tenant, ticket.rate, finished)
+        completion_tokens = finished.completion_tokens if finished is not None else None
+        if completion_tokens and ticket.program:
             self.ordering.credit(ticket.program, completion_tokens)
         if self._waiters:
             self._kick()  # its room may go to a queued request now
@@ -238,6 +308,11 @@ class FlowGate:
                     await asyncio.wait_for(wake.wait(), interval)
 
     def _cycle(self) -> None:
+        if self._peers is not None:
+            # The other workers' dispatches since their last sync count against saturation,
+            # and this worker's last dispatch against theirs: a pool freeing room is not
+            # filled by every worker at once on a view up to a sync interval old.
+            self._peers.exchange()
         now = self._core.clock.now()
         for model, pool in list(self.pools.items()):
             if not pool.count:
@@ -256,7 +331,9 @@ class FlowGate:
                 if isinstance(action, Reject):
                     w = action.request
                     slot.set_exception(self._refusal(w, action.reason))
-                    self._observe(w.priority, model, OUTCOMES[action.reason], now - w.arrived)
+                    self._observe(
+                        w.tenant, w.priority, model, OUTCOMES[action.reason], now - w.arrived
+                    )
                 else:
                     self._unbound[model] = self._unbound.get(model, 0) + 1
                     slot.set_result(None)
@@ -305,7 +382,7 @@ class FlowGate:
         finally:
             self._leave(pool, w, model, slot)
             self._suspended.discard(ticket.key)
-        self._observe(w.priority, model, DISPATCHED, self._core.clock.now() - now)
+        self._observe(w.tenant, w.priority, model, DISPATCHED, self._core.clock.now() - now)
 
     def _suspension_over(self, model: str, key: int, task: asyncio.Task[Any]) -> None:
         if self._suspending.get(model) is task:
@@ -355,6 +432,13 @@ class FlowGate:
             buckets=(0.0, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf),
             registry=registry,
         )
+        self._outcomes = Counter(
+            "fleet_proxy_flow_control_requests",
+            "Requests through flow control by tenant, priority and how they left the queue "
+            "(outcome as in the queue-duration histogram)",
+            ["tenant", "priority", "outcome"],
+            registry=registry,
+        )
         self._preempted = Counter(
             "fleet_proxy_flow_control_preemptions",
             "Sheddable streams suspended for a higher band's waiting request",
@@ -363,11 +447,14 @@ class FlowGate:
         )
         registry.register(_FlowCollector(self))
 
-    def _observe(self, priority: int, model: str, outcome: str, waited: float) -> None:
-        if self._waited is not None:
-            # A number from a header is the client's to choose: labelled only when configured.
+    def _observe(self, tenant: str, priority: int, model: str, outcome: str, waited: float) -> None:
+        if self._waited is not None and self._outcomes is not None:
+            # A number or a tenant from a header is the client's to choose: labelled only
+            # when configured (or named by an API key).
             label = str(priority) if priority in self._known_priorities else "other"
             self._waited.labels(label, outcome, model).observe(waited)
+            known = tenant in self._known_tenants
+            self._outcomes.labels(tenant if known else "other", label, outcome).inc()
 
     def gauges(self) -> Iterator[tuple[str, int, float, dict[tuple[int, str], int]]]:
         """Per model served now or with requests waiting: (model, waiting, saturation,
@@ -383,10 +470,21 @@ class FlowGate:
         """`GET /admin/flow`: the configuration's gist and every pool's queues."""
         now = self._core.clock.now()
         c = self._config
+        workers = self.workers_waiting()
+        shared: dict[str, Any] = {}
+        if workers is not None:
+            # Each worker queues its own requests; these are every worker's counts (the
+            # others' as of their last sync, within `peer_sync_interval`).
+            shared = {
+                "answered_by": self._peers.worker if self._peers is not None else 0,
+                "waiting_all_workers": sum(workers.values()),
+                "workers": [{"worker": w, "waiting": n} for w, n in sorted(workers.items())],
+            }
         return {
             "fairness": c.fairness,
             "ordering": c.ordering,
             "waiting": len(self._waiters),
+            **shared,
             "pools": {
                 model: {
                     "saturation": _finite(self.saturation(model, now)),
@@ -434,6 +532,17 @@ class _FlowCollector(Collector):
             "thresholds (1.0 or more: saturated)",
             labels=["model_name"],
         )
+        workers = gate.workers_waiting()
+        if workers is not None:
+            per_worker = GaugeMetricFamily(
+                "fleet_proxy_flow_control_waiting_workers",
+                "Requests waiting in the flow-control queues of each worker process (every "
+                "worker's, as the answering one sees them)",
+                labels=["worker"],
+            )
+            for w, n in sorted(workers.items()):
+                per_worker.add_metric([str(w)], n)
+            yield per_worker
         for model, waiting, level, depths in gate.gauges():
             total.add_metric([model], waiting)
             saturation.add_metric([model], level if not math.isinf(level) else 1e9)

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from fleet.metrics_board import VERDICT_PAYLOAD, BoardLayout, BoardSegment
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
+from flowcontrol.rate_table import create_table_file
 from proxy.control.peer_sync import WorkerSeat
 from proxy.serving.front_door import (
     BACKLOG,
@@ -208,6 +209,8 @@ class Supervisor:
         tmp = Path(tempfile.mkdtemp(prefix="fleet-proxy-"))
         change_log = tmp / "fleet-changes.jsonl"
         change_log.touch()
+        rate_table = tmp / "rate-limits.table"
+        create_table_file(str(rate_table))
         settings_data = s.model_dump()
         # The workers share one store of Responses API responses, so a thread continues on
         # any worker: a file in a directory of its own, kept until the proxy stops (SQLite
@@ -223,7 +226,13 @@ class Supervisor:
         try:
             for i in range(s.workers):
                 seat = WorkerSeat(
-                    i, s.workers, segment.name, str(change_log), board.name, verdicts.name
+                    i,
+                    s.workers,
+                    segment.name,
+                    str(change_log),
+                    metrics_board=board.name,
+                    health_board=verdicts.name,
+                    rate_table=str(rate_table),
                 )
                 p = ctx.Process(
                     target=worker_main,

@@ -237,7 +237,11 @@ async def test_a_queued_client_that_leaves_is_removed_at_once(one_at_a_time):
 
 
 async def test_past_its_ttl_a_sheddable_request_gets_429_and_a_normal_one_503(one_at_a_time):
-    flow = {**FLOW, "bands": {-1: {"queue_ttl": 0.2}, 0: {"queue_ttl": 0.2}}}
+    flow = {
+        **FLOW,
+        "bands": {-1: {"queue_ttl": 0.2}, 0: {"queue_ttl": 0.2}},
+        "rate_limits": {"default": {"requests_per_minute": 100}},
+    }
     async with saturated(one_at_a_time, flow_control=flow) as scene:
         held, url = scene.held, str(scene.client.base_url).rstrip("/")
         sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -254,10 +258,13 @@ async def test_past_its_ttl_a_sheddable_request_gets_429_and_a_normal_one_503(on
             )
         assert shed.value.response.headers["retry-after"] == "1"
         assert shed.value.code == "ttl_expired"
+        # A rate-limited tenant's refusal is an answer too: it tells the quota.
+        assert shed.value.response.headers["x-ratelimit-limit-requests"] == "100"
         with pytest.raises(openai.InternalServerError) as unavailable:
             await sdk.completions.create(model=DEFAULT_MODEL, prompt="hi", max_tokens=2)
         assert unavailable.value.status_code == 503
         assert unavailable.value.code == "ttl_expired"
+        assert unavailable.value.response.headers["x-ratelimit-limit-requests"] == "100"
         await release(held)
         assert (await at_engine).choices
         await sdk.close()

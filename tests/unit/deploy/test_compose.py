@@ -27,7 +27,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from fleet.registry import default_backend_id
+from flowcontrol.config import FlowControlConfig
 from planner.metrics import PlannerMetrics
+from proxy.serving.flow_gate import FlowGate
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import load_settings
 from simulator.metrics import SimMetrics
@@ -563,6 +565,11 @@ def exported() -> dict[str, frozenset[str]]:
     )
     core = ProxyCore(settings)
     PlannerMetrics(core.prom)  # registered here when the planner runs inside the proxy
+    # Flow control's, with rate limits, as one of several workers.
+    flow = FlowControlConfig.model_validate(
+        {"rate_limits": {"default": {"requests_per_minute": 60}}}
+    )
+    FlowGate(flow, core, registry=core.prom).join(TwoWorkers())
     registries: list[CollectorRegistry] = [
         core.prom,
         SimMetrics("sim-llama-8b", load_profile(DEFAULT_PROFILE)).registry,
@@ -591,6 +598,18 @@ def exported() -> dict[str, frozenset[str]]:
                     labels = {k for s in fam.samples for k in s.labels}
                     add(fam.name, fam.type, labels | set(getattr(fam, "_labelnames", ())))
     return {k: frozenset(v) for k, v in out.items()}
+
+
+class TwoWorkers:
+    """What flow control reads of its peers, as worker 0 of 2."""
+
+    worker = 0
+
+    def waiting_rows(self) -> list[tuple[int, int]]:
+        return [(0, 0), (1, 0)]
+
+    def exchange(self) -> None:
+        pass
 
 
 PD_ROUTING = """
