@@ -79,6 +79,16 @@ SELECT id, created, previous, input, response FROM thread ORDER BY depth DESC
 SWEEP_EVERY_S = 60.0
 
 
+async def _set_up(db: psycopg.AsyncConnection[Any]) -> None:
+    """The tables, and the trigger with the first count where it is missing."""
+    async with db.transaction():
+        for statement in _SCHEMA:
+            await db.execute(statement)
+        counted = await (await db.execute(_COUNTED)).fetchone()
+        for statement in () if counted else _COUNTING:
+            await db.execute(statement)
+
+
 class PostgresResponseStore:
     def __init__(self, url: str, ttl: float, max_bytes: int, clock: Callable[[], float]) -> None:
         self._url = url
@@ -93,13 +103,13 @@ class PostgresResponseStore:
         async with self._lock:
             db = self._db
             if db is None or db.closed or db.broken:
-                db = self._db = await psycopg.AsyncConnection.connect(self._url)
-                async with db.transaction():
-                    for statement in _SCHEMA:
-                        await db.execute(statement)
-                    counted = await (await db.execute(_COUNTED)).fetchone()
-                    for statement in () if counted else _COUNTING:
-                        await db.execute(statement)
+                db = await psycopg.AsyncConnection.connect(self._url)
+                try:
+                    await _set_up(db)
+                except BaseException:
+                    await db.close()  # and the next call sets it up again
+                    raise
+                self._db = db
             async with db.transaction():
                 return await work(db)
 

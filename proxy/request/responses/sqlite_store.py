@@ -70,13 +70,9 @@ def _set_up(db: sqlite3.Connection) -> None:
     """The tables, and the triggers with the first count where they are missing: all in one
     transaction that no other process's writes can come between."""
     db.execute("BEGIN IMMEDIATE")
-    try:
-        counted = db.execute(_COUNTED).fetchone() is not None
-        for statement in _SCHEMA if counted else _SCHEMA + _COUNTING:
-            db.execute(statement)
-    except BaseException:
-        db.rollback()
-        raise
+    counted = db.execute(_COUNTED).fetchone() is not None
+    for statement in _SCHEMA if counted else _SCHEMA + _COUNTING:
+        db.execute(statement)
     db.commit()
 
 
@@ -100,12 +96,17 @@ class SqliteResponseStore:
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         db = self._db
         if db is None:
-            db = self._db = sqlite3.connect(self._path, timeout=10.0, check_same_thread=False)
-            if self._path != ":memory:":
-                db.execute("PRAGMA journal_mode=WAL")
-            # A row that an INSERT OR REPLACE removes counts as deleted only with this on.
-            db.execute("PRAGMA recursive_triggers = ON")
-            _set_up(db)
+            db = sqlite3.connect(self._path, timeout=10.0, check_same_thread=False)
+            try:
+                if self._path != ":memory:":
+                    db.execute("PRAGMA journal_mode=WAL")
+                # A row that an INSERT OR REPLACE removes counts as deleted only with this on.
+                db.execute("PRAGMA recursive_triggers = ON")
+                _set_up(db)
+            except BaseException:
+                db.close()  # and the next call sets it up again
+                raise
+            self._db = db
         with db:  # one transaction per call
             return work(db)
 

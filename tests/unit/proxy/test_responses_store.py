@@ -303,3 +303,17 @@ async def test_a_thread_longer_than_the_bound_is_refused(clock_store, monkeypatc
     with pytest.raises(ProxyError) as e:
         await load_chain(store, "resp_5", "alice")
     assert e.value.status == 400 and "over 5" in e.value.message
+
+
+async def test_a_store_that_failed_to_open_opens_again_on_the_next_call(tmp_path: Path) -> None:
+    path = tmp_path / "responses.sqlite3"
+    path.write_bytes(b"not a database, " * 64)
+    store = SqliteResponseStore(path, ttl=100.0, max_bytes=1 << 20, clock=Clock())
+    try:
+        with pytest.raises(sqlite3.DatabaseError):
+            await store.put(record("resp_a"))
+        path.unlink()
+        await store.put(record("resp_a"))  # set up this time, tables, triggers and total
+        assert stored_total(path) == (encoded(record("resp_a"))[2],) * 2
+    finally:
+        await store.close()
