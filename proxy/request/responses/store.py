@@ -50,6 +50,14 @@ def decoded(response_id: str, owner: str, row: tuple[Any, ...] | None) -> Stored
     )
 
 
+def thread_record(row: tuple[Any, ...], owner: str) -> StoredResponse:
+    """The record of a thread's row (id, created, previous, input, response) read back."""
+    rid, created, previous, items, response = row
+    return StoredResponse(
+        rid, owner, created, previous, orjson.loads(items), orjson.loads(response)
+    )
+
+
 class ResponseStore(Protocol):
     """Where stored responses live: one process's SQLite file or memory, or a database
     several proxy replicas share. Its methods never block the event loop."""
@@ -59,6 +67,12 @@ class ResponseStore(Protocol):
 
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
         """The record, or None when it is unknown, expired or `owner`'s key did not create it."""
+
+    async def chain(self, response_id: str, owner: str, most: int) -> list[StoredResponse]:
+        """The thread ending with `response_id`, oldest first, read in one call: the records
+        `get` would return, from `response_id` back through each `previous_id`, stopping at
+        the first one `get` would not find or after `most` records. The caller tells a whole
+        thread from a broken one by the first record's `previous_id`."""
 
     async def delete(self, response_id: str, owner: str) -> bool:
         """Forget the record; False when `get` would not have found it."""
