@@ -2,9 +2,10 @@
 switch to the shortest queue when loads drift apart, and a guard on the request spread.
 
 For every request, over the candidates (BS = `policies.loads.batch_size`):
-1. Spread guard. The picker remembers its last `spread_window` choices. Once the window is
-   full, a candidate chosen more than `spread_factor` x the mean count is left out of this
-   decision (the candidate chosen least is never above the mean, so one always remains).
+1. Spread guard. The picker remembers its last `spread_window` choices. Once it holds
+   `spread_warmup` of them, a candidate chosen more than `spread_factor` x the mean count is
+   left out of this decision (the candidate chosen least is never above the mean, so one
+   always remains).
 2. Load switch. Among those left, when max BS - min BS > `balance_abs_threshold` AND
    max BS > `balance_rel_threshold` x min BS, the request goes to the least BS (ties: fewer
    uncached tokens, then rotation): the cache no longer decides while loads are apart.
@@ -49,6 +50,7 @@ class CacheBalanceParams(BaseModel):
     balance_rel_threshold: float = Field(1.5, ge=1.0)
     spread_factor: float = Field(1.3, ge=1.0)
     spread_window: int = Field(256, ge=1)
+    spread_warmup: int = Field(32, ge=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +76,13 @@ def _rotated(indices: Sequence[int], start: int) -> list[int]:
 
 
 def decide(
-    views: Sequence[View], prompt_tokens: int, p: CacheBalanceParams, window_full: bool, start: int
+    views: Sequence[View], prompt_tokens: int, p: CacheBalanceParams, guard: bool, start: int
 ) -> Decision:
     """The candidate for a request (index into `views`, non-empty); ties go to the first
     in rotation order from `start`."""
     n = len(views)
     pool = list(range(n))
-    if window_full:
+    if guard:
         mean = sum(v.recent for v in views) / n
         pool = [i for i in pool if views[i].recent <= mean * p.spread_factor]
     pool = _rotated(pool, start)  # min() keeps the first of equals: rotation breaks ties
@@ -137,9 +139,9 @@ class CacheBalancePicker(PluginBase):
             )
             for b in candidates
         ]
-        full = len(self._window) == self._window.maxlen
-        d = decide(views, tokens, self.params, full, self._rotation.start(len(candidates)))
-        if full:
+        guard = len(self._window) >= min(self.params.spread_warmup, self.params.spread_window)
+        d = decide(views, tokens, self.params, guard, self._rotation.start(len(candidates)))
+        if guard:
             mean = sum(v.recent for v in views) / len(views)
             if any(v.recent > mean * self.params.spread_factor for v in views):
                 self.spread_exclusions += 1

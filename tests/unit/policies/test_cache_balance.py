@@ -98,7 +98,7 @@ def test_the_spread_guard_leaves_out_a_backend_chosen_over_the_factor() -> None:
         v(bs=1, recent=20),
     ]
     assert run(views, full=True) == Decision(1, "cold")
-    assert run(views, full=False) == Decision(0, "owner")  # not before the window is full
+    assert run(views, full=False) == Decision(0, "owner")  # not before the warm-up
 
 
 def test_the_spread_guard_always_leaves_one() -> None:
@@ -124,8 +124,17 @@ def test_the_picker_follows_its_own_index_and_places_cold_prompts_where_least_is
     assert policy.stats()["cache_balance"]["owner"] == 1
 
 
+def test_the_guard_waits_for_its_warm_up() -> None:
+    policy = build_policy("cache_balance", {"spread_warmup": 3})
+    a, b = backend("a"), backend("b")
+    for _ in range(2):
+        policy.pick(ctx(text_blocks(8, "p")), [a], 0.0)
+    assert policy.pick(ctx(text_blocks(8, "p")), [a, b], 0.0).target is a  # 2 choices: no guard
+    assert policy.pick(ctx(text_blocks(8, "p")), [a, b], 0.0).target is b  # 3: a sits out
+
+
 def test_the_picker_window_counts_only_the_last_choices() -> None:
-    policy = build_policy("cache_balance", {"spread_window": 4})
+    policy = build_policy("cache_balance", {"spread_window": 4, "spread_warmup": 4})
     a, b = backend("a"), backend("b")
     for _ in range(4):
         policy.pick(ctx(text_blocks(8, "p")), [a], 0.0)
