@@ -13,6 +13,7 @@ ALGORITHM_PICKERS = {
     "lmetric": "lmetric-picker",
     "unified": "unified-picker",
     "autellix": "autellix-picker",
+    "cache_balance": "cache-balance-picker",
 }
 PREFIX_AWARE = "prefix_aware"
 

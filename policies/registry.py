@@ -33,6 +33,7 @@ from policies.names import ALGORITHM_PICKERS
 from policies.names import policy_names as policy_names  # its home for callers
 from policies.pickers.autellix import AutellixParams, AutellixPicker
 from policies.pickers.baseline import LeastRequestsPicker, PowerOfTwoPicker, RoundRobinPicker
+from policies.pickers.cache_balance import CacheBalanceParams, CacheBalancePicker
 from policies.pickers.lmetric import LMetricPicker
 from policies.pickers.params import NoParams, SeedParams
 from policies.pickers.score import MaxScorePicker, RandomPicker, WeightedRandomPicker
@@ -131,6 +132,9 @@ def plugin_types() -> dict[str, PluginType]:
         "lmetric-picker": PluginType("picker", NoParams, lambda p, s, n: LMetricPicker(s, n)),
         "unified-picker": PluginType(
             "picker", UnifiedParams, lambda p, s, n: UnifiedPicker(p, s, n)
+        ),
+        "cache-balance-picker": PluginType(
+            "picker", CacheBalanceParams, lambda p, s, n: CacheBalancePicker(p, s, n)
         ),
         "autellix-picker": PluginType(
             "picker", AutellixParams, lambda p, s, n: AutellixPicker(p, n)

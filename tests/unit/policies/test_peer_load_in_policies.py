@@ -15,7 +15,9 @@ def peer_loaded(bid: str, n: int) -> Backend:
     return b
 
 
-@pytest.mark.parametrize("name", ["least_requests", "power_of_two", "lmetric", "autellix"])
+@pytest.mark.parametrize(
+    "name", ["least_requests", "power_of_two", "lmetric", "autellix", "cache_balance"]
+)
 def test_a_backend_busy_in_other_workers_is_avoided(name: str) -> None:
     policy = build_policy(name)
     for _ in range(6):  # whatever rotation or sampling the policy starts from

@@ -24,6 +24,7 @@ WHOLE_ALGORITHMS = [
     "lmetric",
     "unified",
     "autellix",
+    "cache_balance",
     "prefix_aware",
 ]
 
