@@ -6,6 +6,7 @@ seeing only its own responses."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from itertools import pairwise
 from typing import Any
@@ -14,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from simulator.fleet import SimFleet, start_fleet
+from simulator.fleet import DEFAULT_PROFILE, SimFleet, start_fleet
+from simulator.profiles import load_profile
 from tests.support.polling import eventually
 from tests.support.servers import fast_settings, running_proxy
 
@@ -355,3 +357,41 @@ async def test_a_thread_over_two_replicas_and_three_engines_survives_an_engine_r
         assert_whole_history(thread)
         for c in replicas:
             await c.close()
+
+
+async def test_a_cancel_sent_to_another_replica_stops_the_engines_request(tmp_path) -> None:
+    """The background response runs in replica A; its cancel reaches replica B, which shares
+    the store: B answers `cancelled`, and A, finding the cancel in the store, aborts the
+    engine's request (the engine goes idle long before the 4,000 tokens would end)."""
+    path = tmp_path / "responses.sqlite3"
+    # No end of sequence: the 4,000 tokens take far longer than the cancel's way round.
+    endless = dataclasses.replace(load_profile(DEFAULT_PROFILE), eos_probability=0.0)
+    async with await start_fleet(1, speed=0.5, profile=endless) as fleet:
+        settings = fast_settings(fleet.urls, responses_store_path=path)
+        async with (
+            running_proxy(settings) as (url_a, _),
+            running_proxy(settings) as (url_b, _),
+        ):
+            a, b = client(url_a), client(url_b)
+            queued = await a.responses.create(
+                model=MODEL, input="Write a long essay", max_output_tokens=4000, background=True
+            )
+
+            async def generating() -> bool:
+                return not idle(fleet)
+
+            await eventually(generating, within=30, what="the engine generating the response")
+            cancelled = await b.responses.cancel(queued.id)
+            assert cancelled.status == "cancelled"
+            await eventually(lambda: idle(fleet), within=30, what="the engine idle")
+            # Aborted there, not run to its end.
+            async with httpx.AsyncClient() as h:
+                metrics = (await h.get(fleet.urls[0] + "/metrics")).text
+            aborted = [
+                line for line in metrics.splitlines()
+                if line.startswith("vllm:request_success_total{") and 'finished_reason="abort"' in line
+            ]  # fmt: skip
+            assert aborted and float(aborted[0].rsplit(" ", 1)[1]) == 1.0, aborted
+            assert (await a.responses.retrieve(queued.id)).status == "cancelled"
+            for c in (a, b):
+                await c.close()

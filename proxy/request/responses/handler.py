@@ -345,8 +345,18 @@ class ResponsesApi:
     ) -> None:
         await turn.keep({**queued, "status": "in_progress"})
         held = HeldAnswer(self._core.settings.max_held_answer_bytes)
+        run = asyncio.ensure_future(self._run(ctx, body, upstream, held, served))
+        elsewhere = asyncio.ensure_future(_cancelled_in_store(turn))
         try:
-            served.status = await self._run(ctx, body, upstream, held, served)
+            await asyncio.wait((run, elsewhere), return_when=asyncio.FIRST_COMPLETED)
+            if not run.done():
+                # Cancelled (or deleted) through another replica or worker: stop the engine's
+                # request here, where it runs; the store already says so.
+                run.cancel()
+                await asyncio.wait((run,))
+                served.status = 499
+                return
+            served.status = run.result()
             answer = orjson.loads(held.body) if held.body else {}
             if held.status == 200 and isinstance(answer, dict):
                 final = turn.identity.stamp(answer)
@@ -362,10 +372,27 @@ class ResponsesApi:
             log.exception("background response %s failed inside the proxy", turn.identity.id)
             served.status = 500
             final = _failed(queued, 500, {"message": "internal proxy error", "code": 500})
+        finally:
+            elsewhere.cancel()
+            run.cancel()  # when this task itself was cancelled (a cancel in this process)
         now = await turn.store.get(turn.identity.id, turn.owner)
         if now is None or now.status == "cancelled":
             return  # deleted or cancelled meanwhile, maybe by another replica
         await turn.keep(final)
+
+
+# How often a background response's run looks in the store for a cancel sent to another
+# replica or worker (a cancel sent to this process stops it at once).
+CANCEL_POLL_S = 1.0
+
+
+async def _cancelled_in_store(turn: _Turn) -> None:
+    """Returns once the response is cancelled or deleted in the store, by whichever replica."""
+    while True:
+        await asyncio.sleep(CANCEL_POLL_S)
+        now = await turn.store.get(turn.identity.id, turn.owner)
+        if now is None or now.status == "cancelled":
+            return
 
 
 class _Served:
