@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import importlib
 import os
@@ -76,6 +77,7 @@ from bench.campaign import RunResult, pooled_summary  # noqa: E402
 from bench.cli import main as bench_main  # noqa: E402
 from bench.paired import compare_settings  # noqa: E402
 from bench.summary import dig, parse_slo  # noqa: E402
+from proxy.serving.parent_death import die_with_parent  # noqa: E402
 
 
 def require_module(module: str, script: str, why: str, install: str) -> None:
@@ -208,6 +210,8 @@ class Proc:
             stderr=subprocess.STDOUT,
             cwd=REPO,
             start_new_session=True,
+            # Gone with this script however it ends (a killed campaign left its fleet running).
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
 
     def alive(self) -> bool:

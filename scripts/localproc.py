@@ -4,10 +4,12 @@ when its block ends, and a wait for an HTTP endpoint to answer 200."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # last: a tree given in PYTHONPATH keeps its own modules
+
+from proxy.serving.parent_death import die_with_parent  # noqa: E402
 
 
 def free_ports(n: int) -> list[int]:
@@ -57,6 +63,8 @@ def process(
             cwd=ROOT,
             env={**os.environ, **env} if env else None,
             start_new_session=own_session,
+            # Gone with this script however it ends, SIGKILL included.
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
     try:
         yield proc
