@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio import client, config
 
 from fleet.kube import Gone, PodList, ScaleKind, ScaleTarget, WatchEvent, pod_from_json, watch_event
 from fleet.kube_resources import ResourceEvent, resource_event
+
+T = TypeVar("T")
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 MERGE_PATCH = "application/merge-patch+json"
@@ -35,6 +37,19 @@ class ApiError(RuntimeError):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"Kubernetes API answered {status}: {body[:300]}")
         self.status = status
+
+
+async def _watch_lines(resp: Any, decode: Callable[[Any], T]) -> AsyncIterator[T]:
+    """The events of a raw watch response, one JSON object a line; `Gone` or `ApiError` when
+    the server refused the watch. The response is released however the iteration ends."""
+    try:
+        if resp.status != 200:
+            await _json(resp)  # raises Gone or ApiError
+        while line := await resp.content.readline():
+            if line.strip():
+                yield decode(json.loads(line))
+    finally:
+        resp.release()
 
 
 async def _json(resp: Any) -> Any:
@@ -105,14 +120,8 @@ class KubernetesAsyncApi:
             _request_timeout=timeout_s + 30,
             _preload_content=False,
         )
-        try:
-            if resp.status != 200:
-                await _json(resp)  # raises Gone or ApiError
-            while line := await resp.content.readline():
-                if line.strip():
-                    yield resource_event(json.loads(line))
-        finally:
-            resp.release()
+        async for event in _watch_lines(resp, resource_event):
+            yield event
 
     async def get_scale(self, namespace: str, target: ScaleTarget) -> int:
         read = (
@@ -160,14 +169,8 @@ class KubernetesAsyncApi:
             _request_timeout=timeout_s + 30,
             _preload_content=False,
         )
-        try:
-            if resp.status != 200:
-                await _json(resp)  # raises Gone or ApiError
-            while line := await resp.content.readline():
-                if line.strip():
-                    yield watch_event(json.loads(line))
-        finally:
-            resp.release()
+        async for event in _watch_lines(resp, watch_event):
+            yield event
 
     async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         body = {"metadata": {"annotations": dict(annotations)}}
