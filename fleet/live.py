@@ -27,7 +27,8 @@ class NotMovable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class MoveResult:
-    """How a move ended. `outcome`: ok | failed | finished (the request ended first)."""
+    """How a move ended. `outcome`: ok | failed | finished (the request ended first) |
+    returned (its target failed to continue it, so it continued on its source)."""
 
     outcome: str
     source: str

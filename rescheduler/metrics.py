@@ -22,7 +22,8 @@ class ReschedulerMetrics:
             ["policy"],
             registry=registry,
         )
-        # A counter (exposed with Prometheus' _total suffix): migrations that failed or did
+        # A counter (exposed with Prometheus' _total suffix): migrations that failed (their
+        # target included, when it failed and the request went back to its source) or did
         # not finish within rescheduling_migration_timeout.
         self.failed = Counter(
             "fleet_proxy_rescheduling_failed_count",
@@ -44,5 +45,5 @@ class ReschedulerMetrics:
 
     def count_move(self, policy: str, outcome: str) -> None:
         self.migrations.labels(policy, outcome).inc()
-        if outcome in ("failed", "timeout"):
+        if outcome in ("failed", "returned", "timeout"):
             self.failed.inc()

@@ -177,6 +177,7 @@ class Mover:
         "_legs",
         "_movability",
         "_order",
+        "_returned",
         "_staging",
         "moves",
     )
@@ -199,6 +200,9 @@ class Mover:
         self._staging = False  # a pre-copy is staging the KV on its target; the stream flows
         self._cut_at: float | None = None  # when the stream was cut for a move in progress
         self._cut_from = ""  # the backend it was cut on
+        # Why a planned move's target could not take the request, which went back to its
+        # source; "" while the move is on course.
+        self._returned = ""
 
     @property
     def ordered(self) -> bool:
@@ -376,9 +380,11 @@ class Mover:
             exclude = set()
         required = order.to if order is not None else None
         leg, detail = await self._open(session, resume, exclude, required, reason, resume.kind)
+        returned = ""
         if leg is None and order is not None and session.stopped is None:
             # A planned move must not cost the client its answer: back on the source, which
             # was healthy (a drain only stops new requests).
+            returned = detail
             leg, detail = await self._open(
                 session, resume, set(), source.backend, reason, "recompute", force=True
             )
@@ -392,6 +398,7 @@ class Mover:
         self.moves += 1
         self._cut_at = cut_at
         self._cut_from = source.backend.id
+        self._returned = returned
         moved = 0  # tokens whose KV reached the target without a prefill there
         if leg.kind == "handover":
             moved = prompt_len
@@ -530,15 +537,20 @@ class Mover:
         metrics = self._core.metrics
         metrics.migration_downtime.observe(downtime)
         metrics.migration_downtime_by_kind.labels(leg.kind).observe(downtime)
-        metrics.count_migration(leg.reason, "ok")
-        metrics.count_migration_kind(leg.kind, "ok")
+        returned, self._returned = self._returned, ""
+        # A move whose target failed is no move: the request is back where it was.
+        outcome = "returned" if returned else "ok"
+        metrics.count_migration(leg.reason, "failed" if returned else "ok")
+        metrics.count_migration_kind(leg.kind, "failed" if returned else "ok")
+        detail = f"the target could not continue it ({returned}); it continued on its source"
         self._resolve(
             MoveResult(
-                "ok",
+                outcome,
                 self._cut_from,
                 leg.backend.id,
                 tokens=leg.tokens_before,
                 downtime_s=downtime,
+                detail=detail if returned else "",
                 kind=leg.kind,
             )
         )

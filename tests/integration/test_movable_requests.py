@@ -445,6 +445,37 @@ async def test_migrate_to_a_named_backend_and_its_errors(fleet: SimFleet) -> Non
         assert 'fleet_proxy_migrations_total{outcome="ok",reason="rebalance"} 1.0' in moved.text
 
 
+async def test_a_move_whose_target_fails_returns_to_its_source_and_says_so(
+    fleet: SimFleet,
+) -> None:
+    """The named target answers the continuation with a 500: the client's stream goes on, on
+    its source, token-exact, and the admin API reports the move as returned, not ok."""
+    settings = fast_settings(backends(fleet), policy="round_robin")
+    path = "/v1/chat/completions"
+    async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
+        body = body_for(path)
+        ref = await reference(client, fleet, path, body)
+        answers: dict[str, httpx.Response] = {}
+
+        async def move_it(s: Streamed) -> None:
+            rid, source = s.headers["x-request-id"], s.headers["x-fleet-backend"]
+            target = next(b for b in ("e0", "e1") if b != source)
+            await set_fault(client, fleet, target, error_rate=1.0)
+            migrate = url + f"/admin/requests/{rid}/migrate"
+            answers["move"] = await client.post(migrate, json={"to": target})
+
+        got = await stream(client, url, path, body, after=5, action=move_it)
+        source = got.headers["x-fleet-backend"]
+        answer = answers["move"].json()
+        assert answers["move"].status_code == 409, answer
+        assert answer["outcome"] == "returned"
+        assert answer["source"] == source and answer["target"] == source
+        assert "HTTP 500" in answer["detail"] and "continued on its source" in answer["detail"]
+        assert not got.errors and got.done == 1 and got.text == ref.text
+        assert got.token_ids == ref.token_ids
+        assert (await migrations(client, url)) == {("admin", "failed"): 1.0}
+
+
 async def test_a_planned_move_with_nowhere_to_go_leaves_the_request_running(
     fleet: SimFleet,
 ) -> None:

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.real_vllm
 
 TOKENS = 600  # long enough to be moved mid-stream (the model is tiny and fast)
 # The 2-core machine's engines sometimes hold their output back for seconds and then send it
-# in one burst: a request can end before the move reaches it. Such a try is made again.
+# in one burst: a request can end before the move reaches it. Such a try is made again, as is
+# one whose target failed to take it.
 TRIES = 3
 
 
@@ -53,15 +54,21 @@ async def test_a_planned_move_continues_token_exactly(
         assert len(reference.token_ids) == TOKENS and reference.done == 1
         # A model that repeats one token would make the comparison trivially true.
         assert len(set(reference.token_ids)) > 20, reference.token_ids
+        tries: list[dict[str, object]] = []
         for _ in range(TRIES):
             stream = asyncio.create_task(read_stream(client, proxy.url + endpoint, request))
             moved = await asyncio.wait_for(move_when_running(client, proxy, stream), timeout=120)
             got: Read = await stream
+            # Whatever became of the move, the client's answer is whole and exact.
+            assert got.errors == [] and got.done == 1 and got.token_ids == reference.token_ids
             if moved.get("outcome") == "ok":
                 break
-            assert moved.get("outcome") in ("finished", "not_movable", None), moved
+            # `returned`: the other engine failed to take it (a loaded machine's engine can
+            # time out), and the request went on where it was; try again.
+            assert moved.get("outcome") in ("finished", "not_movable", "returned", None), moved
+            tries.append(moved)
         else:
-            pytest.fail(f"in {TRIES} tries every request ended before it could be moved")
+            pytest.fail(f"in {TRIES} tries no request was moved: {tries}")
     assert got.errors == [] and got.done == 1
     assert got.token_ids == reference.token_ids
     assert got.text == reference.text
