@@ -9,12 +9,17 @@ Layout, all native int64 (aligned 8-byte stores, so a reader never sees half a n
 see one cell newer than the next, which a load estimate tolerates):
 
     header:  MAGIC, VERSION, workers, slots
-    row w:   pid, dispatched, ticks, routable, applied, waiting, 0, 0,
+    row w:   pid, dispatched, ticks, routable, applied, waiting, top_priority, top_pool,
+             published_ms, 0,
              then per slot: generation, in_flight, pending, decodes
 
 (`routable`: backends the worker can route to; `applied`: how far into the change log it has
 applied fleet changes. Both let an operator or a test see that every worker is in step.
-`waiting`: requests held in the worker's flow-control queues, so any worker can show them all.)
+`waiting`: requests held in the worker's flow-control queues, so any worker can show them all;
+`top_priority` and `top_pool`: the highest band waiting there and its pool's `pool_key` (0: none
+waits), so a worker leaves a pool's room to a higher band waiting in another; `published_ms`:
+when the row was last written, on the system-wide monotonic clock, so a row nobody updates any
+more is not believed.)
 
 A slot is keyed by backend id in `SlotTable`. Every worker builds the same table without talking to
 the others: the configured backends take slots 0.. in order, and later admin changes are applied by
@@ -26,6 +31,7 @@ change: cells of another generation are not counted.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, MutableSequence, Sequence
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
@@ -33,15 +39,16 @@ from multiprocessing.shared_memory import SharedMemory
 from fleet.types import Backend
 
 MAGIC = 0x466C656574506565  # "FleetPee"
-VERSION = 1
+VERSION = 2
 HEADER = 4
-ROW_HEADER = 8
+ROW_HEADER = 10
 CELL = 4
 INITIAL_GENERATION = 1
 DEFAULT_SLOTS = 512
 
 # Offsets inside a row header and a cell.
 PID, DISPATCHED, TICKS, ROUTABLE, APPLIED, WAITING = 0, 1, 2, 3, 4, 5
+TOP_PRIORITY, TOP_POOL, PUBLISHED_MS = 6, 7, 8
 GENERATION, IN_FLIGHT, PENDING, DECODES = 0, 1, 2, 3
 
 
@@ -153,6 +160,26 @@ class WorkerRow:
     routable: int
     applied: int
     waiting: int = 0
+    top_priority: int = 0
+    top_pool: int = 0  # 0: nothing waits
+    published_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    """What a worker's flow-control queues hold, as the others see it: how many wait, and the
+    highest band waiting with its pool's `pool_key` (0: none)."""
+
+    count: int = 0
+    top_priority: int = 0
+    top_pool: int = 0
+
+
+def pool_key(model: str) -> int:
+    """A model pool's id in the shared rows: the same in every process (unlike `hash`),
+    never 0, and fits an int64."""
+    digest = hashlib.blake2b(model.encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big") + 1
 
 
 class PeerSegment:
@@ -203,10 +230,12 @@ class PeerLoad:
         tick: int,
         routable: int = 0,
         applied: int = 0,
-        waiting: int = 0,
+        waiting: QueueSummary | None = None,
+        now: float = 0.0,
     ) -> None:
         """Write this worker's row: every slotted backend's own load, and zeroes for the
-        slots it wrote last time whose backend has gone."""
+        slots it wrote last time whose backend has gone. `now`: the monotonic clock, in
+        seconds."""
         words, layout, own = self.words, self.layout, self.worker
         row = layout.row(own)
         dispatched = 0
@@ -233,7 +262,11 @@ class PeerLoad:
         words[row + TICKS] = tick
         words[row + ROUTABLE] = routable
         words[row + APPLIED] = applied
-        words[row + WAITING] = waiting
+        queues = waiting or QueueSummary()
+        words[row + WAITING] = queues.count
+        words[row + TOP_PRIORITY] = queues.top_priority
+        words[row + TOP_POOL] = queues.top_pool
+        words[row + PUBLISHED_MS] = round(now * 1000)
 
     def absorb(self, backends: Iterable[Backend], slots: SlotTable) -> None:
         """Set every backend's `Load.peer_*` from the other workers' rows."""
@@ -267,6 +300,9 @@ class PeerLoad:
                 routable=words[r + ROUTABLE],
                 applied=words[r + APPLIED],
                 waiting=words[r + WAITING],
+                top_priority=words[r + TOP_PRIORITY],
+                top_pool=words[r + TOP_POOL],
+                published_ms=words[r + PUBLISHED_MS],
             )
             for w in range(layout.workers)
             for r in (layout.row(w),)

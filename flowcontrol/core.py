@@ -102,12 +102,16 @@ class FlowQueues:
         self._left(band, w.tenant, queue)
         return True
 
-    def decide(self, saturated: bool, now: float) -> list[Action]:
+    def decide(self, saturated: bool, now: float, elsewhere: int | None = None) -> list[Action]:
         """Expired requests to refuse, then, when the pool has room, one to dispatch (the
-        caller accounts for it and asks again)."""
+        caller accounts for it and asks again). `elsewhere`: the highest band waiting for
+        this pool in another queue (another worker process); while it is above every band
+        here, the room is left to it, so strict priority holds across the queues."""
         actions: list[Action] = [Reject(w, TTL_EXPIRED) for w in self._expire(now)]
         if not saturated and self.count:
-            actions.append(Dispatch(self._next(now)))
+            top = self.top_priority()
+            if elsewhere is None or top is None or top >= elsewhere:
+                actions.append(Dispatch(self._next(now)))
         return actions
 
     def _next(self, now: float) -> Waiting:

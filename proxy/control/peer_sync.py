@@ -24,7 +24,7 @@ from typing import Any, Literal
 from fleet.change_log import Change, ChangeLog
 from fleet.changes import add_backend
 from fleet.clock import Clock, SystemClock
-from fleet.peer_load import INITIAL_GENERATION, PeerLoad, SlotTable, WorkerRow
+from fleet.peer_load import INITIAL_GENERATION, PeerLoad, QueueSummary, SlotTable, WorkerRow
 from fleet.registry import DuplicateBackend, FleetRegistry
 from fleet.types import Backend, BackendSpec, Role
 
@@ -106,6 +106,11 @@ def apply_change(fleet: FleetRegistry, slots: SlotTable, position: int, change: 
     raise ValueError(f"unknown fleet change {op!r}")
 
 
+# A worker rewrites its row every `peer_sync_interval` (20 ms by default); one silent for this
+# many intervals, and at least a second, has stopped or is stuck.
+STALE_INTERVALS = 50
+
+
 class PeerSync:
     """One worker's side of the shared accounting and change log."""
 
@@ -116,11 +121,13 @@ class PeerSync:
         changes: ChangeLog,
         interval: float,
         clock: Clock | None = None,
-        waiting: Callable[[], int] | None = None,
+        waiting: Callable[[], QueueSummary] | None = None,
     ) -> None:
         self.fleet = fleet
-        # Requests waiting in this worker's flow-control queues, published for the others.
+        # What waits in this worker's flow-control queues, published for the others.
         self.waiting = waiting
+        # Per pool key, the highest band waiting in another worker, as of the last exchange.
+        self._peer_tops: dict[int, int] = {}
         self.clock: Clock = clock or SystemClock()
         self.peers = peers
         self.changes = changes
@@ -167,9 +174,31 @@ class PeerSync:
             tick=self.ticks,
             routable=sum(1 for b in backends if b.routable(now, stale_after)),
             applied=self.changes.read_to,
-            waiting=self.waiting() if self.waiting is not None else 0,
+            waiting=self.waiting() if self.waiting is not None else None,
+            now=now,
         )
         self.peers.absorb(backends, self.slots)
+        if self.waiting is not None:
+            self._peer_tops = self._read_peer_tops(now)
+
+    def _read_peer_tops(self, now: float) -> dict[int, int]:
+        """The highest band waiting per pool in the other workers. A row not written for
+        `STALE_INTERVALS` sync intervals (at least a second) is from a worker that stopped or
+        is stuck: not believed, or a dead worker's queue would hold a pool's lower bands back
+        for good."""
+        tops: dict[int, int] = {}
+        fresh_after = round((now - max(1.0, STALE_INTERVALS * self.interval)) * 1000)
+        for r in self.peers.rows():
+            if r.worker == self.worker or not r.top_pool or r.published_ms < fresh_after:
+                continue
+            if r.top_pool not in tops or r.top_priority > tops[r.top_pool]:
+                tops[r.top_pool] = r.top_priority
+        return tops
+
+    def peer_top(self, pool: int) -> int | None:
+        """The highest band waiting for `pool` (a `pool_key`) in another worker; None when
+        none waits there."""
+        return self._peer_tops.get(pool)
 
     async def run(self) -> None:
         try:

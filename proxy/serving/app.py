@@ -231,7 +231,7 @@ def create_app(
             ChangeLog(Path(seat.change_log)),
             settings.peer_sync_interval,
             core.clock,
-            flow.waiting_count if flow is not None else None,
+            flow.queue_summary if flow is not None else None,
         )
         if seat.metrics_board and seat.health_board:
             # The first worker scrapes and checks every backend for all (docs/performance.md).

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleet.peer_load import QueueSummary, pool_key
 from flowcontrol.config import FlowControlConfig
 from flowcontrol.core import BAND_FULL, TENANT_FULL, TTL_EXPIRED, BandLimits, FlowQueues, Reject
 from flowcontrol.identity import Identify, Identity
@@ -62,7 +63,11 @@ class WorkerPeers(Protocol):
         """(worker, requests waiting in its queues) of every worker, as last published."""
 
     def exchange(self) -> None:
-        """Publish this worker's load (and waiting count) now and read the others'."""
+        """Publish this worker's load (and queue summary) now and read the others'."""
+
+    def peer_top(self, pool: int) -> int | None:
+        """The highest band waiting for `pool` (a `pool_key`) in another worker, as of the
+        last exchange; None when none waits there."""
 
 
 class FlowGate:
@@ -110,19 +115,42 @@ class FlowGate:
         self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
         self._suspending: dict[str, asyncio.Task[Any]] = {}
         self._suspended: set[int] = set()
-        # With several workers: the other worker processes (`join`).
+        # With several workers: the other worker processes (`join`), and each pool's key in
+        # the rows they share.
         self._peers: WorkerPeers | None = None
+        self._pool_keys: dict[str, int] = {}
         if registry is not None:
             self._bind_metrics(registry)
 
     def join(self, peers: WorkerPeers) -> None:
-        """One of several workers: show every worker's waiting count, and exchange load with
-        the others before each dispatch cycle."""
+        """One of several workers: show every worker's waiting count, exchange load with the
+        others before each dispatch cycle, and leave a pool's room to a higher band waiting
+        in another worker."""
         self._peers = peers
 
-    def waiting_count(self) -> int:
-        """Requests waiting in this process's queues (published to the other workers)."""
-        return len(self._waiters)
+    def queue_summary(self) -> QueueSummary:
+        """What waits in this process's queues (published to the other workers): the count,
+        and the highest band with its pool."""
+        top: tuple[int, str] | None = None
+        for model, pool in self.pools.items():
+            priority = pool.top_priority()
+            if priority is not None and (top is None or priority > top[0]):
+                top = (priority, model)
+        if top is None:
+            return QueueSummary(len(self._waiters))
+        return QueueSummary(len(self._waiters), top[0], self._pool_key(top[1]))
+
+    def _pool_key(self, model: str) -> int:
+        key = self._pool_keys.get(model)
+        if key is None:
+            key = self._pool_keys[model] = pool_key(model)
+        return key
+
+    def _elsewhere(self, model: str) -> int | None:
+        """The highest band waiting for `model` in another worker (None: none, or one
+        worker)."""
+        peers = self._peers
+        return None if peers is None else peers.peer_top(self._pool_key(model))
 
     def workers_waiting(self) -> dict[int, int] | None:
         """Requests waiting per worker process; None with one process."""
@@ -166,10 +194,12 @@ class FlowGate:
         model = ctx.model
         now = self._core.clock.now()
         pool = self.pools.get(model)
-        # Nothing queued before it and room in the pool: through at once.
+        # Nothing queued before it, here or in a higher band of another worker, and room in
+        # the pool: through at once.
         if (
             (pool is None or not pool.count)
             and not self._unbound.get(model)
+            and (self._peers is None or not self._behind_peers(model, who.priority))
             and self.saturation(model, now) < 1.0
         ):
             self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
@@ -195,6 +225,11 @@ class FlowGate:
             raise error
         self._observe(w.tenant, w.priority, model, DISPATCHED, waited)
         return self._admitted(ctx, FlowTicket(w.tenant, w.priority, waited, w.program, w.seq))
+
+    def _behind_peers(self, model: str, priority: int) -> bool:
+        """A higher band waits for `model` in another worker: the room is its."""
+        elsewhere = self._elsewhere(model)
+        return elsewhere is not None and elsewhere > priority
 
     def _waiting(
         self, model: str, tenant: str, priority: int, ctx: RequestContext, now: float
@@ -324,7 +359,7 @@ class FlowGate:
             preemptable = self._sheddable.get(model) and model not in self._suspending
             if full and not routing and preemptable:
                 self._preempt(model, pool)
-            for action in pool.decide(full, now):
+            for action in pool.decide(full, now, self._elsewhere(model)):
                 slot = self._waiters.get(action.request.seq)
                 if slot is None or slot.done():
                     continue

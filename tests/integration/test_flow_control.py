@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from fleet.peer_load import PeerLayout, PeerSegment
+from proxy.control.peer_sync import WorkerSeat
 from proxy.serving.app import FleetProxyApp
 from simulator.fleet import DEFAULT_MODEL, SimFleet, start_fleet
 from simulator.profiles import DEFAULT_PROFILE, load_profile
@@ -154,6 +156,47 @@ async def test_a_high_priority_request_dispatches_before_queued_sheddable_ones(o
             )
             == 1
         )
+
+
+async def test_a_higher_band_queued_in_another_worker_takes_the_room_first(
+    one_at_a_time, tmp_path: Path
+):
+    """Two workers on one shared segment, as `--workers 2` runs them: sheddable requests queue
+    in worker 0, critical ones in worker 1; when the engine frees, the critical ones go first,
+    although worker 0's requests were queued earlier."""
+    segment = PeerSegment(PeerLayout(workers=2, slots=8))
+    seats = [WorkerSeat(w, 2, segment.name, str(tmp_path / "changes.jsonl")) for w in (0, 1)]
+    settings = fast_settings(one_at_a_time.urls, flow_control=FLOW)
+    try:
+        async with (
+            running_proxy(settings, seat=seats[0]) as (url0, app0),
+            running_proxy(settings, seat=seats[1]) as (url1, app1),
+            httpx.AsyncClient(base_url=url0, timeout=60) as c0,
+            httpx.AsyncClient(base_url=url1, timeout=60) as c1,
+        ):
+            held = await blocker(c0, app0)
+            f0, f1 = Finishes(c0), Finishes(c1)
+            f1.order = f0.order  # one record of the order, whichever worker answered
+            for i in range(4):
+                f0.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
+                if i == 0:
+                    await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+            await eventually(lambda: queued(app0) == 3, what="three sheddable requests queued")
+            for i in range(2):
+                f1.send(f"critical{i}", {"x-gateway-inference-objective": "critical"})
+            await eventually(lambda: queued(app1) == 2, what="the critical requests queued")
+
+            async def published() -> bool:
+                assert app0.flow is not None
+                return bool(app0.flow.workers_waiting() == {0: 3, 1: 2})
+
+            await eventually(published, what="each worker seeing the other's queue")
+            await release(held)
+            answers = [*await f0.all(), *await f1.all()]
+            assert [r.status_code for r in answers] == [200] * 6
+            assert f0.order == ["batch0", "critical0", "critical1", "batch1", "batch2", "batch3"]
+    finally:
+        segment.close()
 
 
 async def test_a_noisy_tenant_does_not_starve_a_quiet_one(one_at_a_time, tmp_path: Path):

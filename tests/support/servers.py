@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from proxy.control.peer_sync import WorkerSeat
 from proxy.serving.app import FleetProxyApp, create_app
 from proxy.serving.front_door import uvicorn_config
 from proxy.settings import Settings, load_settings
@@ -29,9 +30,11 @@ def fast_settings(backends: list[str], **extra: Any) -> Settings:
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    settings: Settings, *, wait_ready: bool = True
+    settings: Settings, *, wait_ready: bool = True, seat: WorkerSeat | None = None
 ) -> AsyncIterator[tuple[str, FleetProxyApp]]:
-    app = create_app(settings)
+    """`seat`: one of several workers (two such proxies in one test share their load and
+    queues as `--workers 2` processes do)."""
+    app = create_app(settings, seat=seat)
     # The serving configuration of `fleet-proxy serve`, on a free port in the test's loop, on
     # the settings' listen address (127.0.0.1 unless a test asks for another); the tests
     # connect through 127.0.0.1 either way.

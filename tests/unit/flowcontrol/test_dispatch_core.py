@@ -219,3 +219,19 @@ def test_the_top_priority_is_the_highest_band_with_requests_waiting() -> None:
     assert qs.q.top_priority() == 3
     assert qs.q.remove(high)
     assert qs.q.top_priority() == -1
+
+
+def test_room_goes_to_a_higher_band_waiting_in_another_queue() -> None:
+    """Another worker holds a band above every one here: this pool dispatches nothing, but
+    its expired requests are still refused; a band level with it or no band elsewhere
+    dispatches as usual."""
+    qs = Queues(ttl=10.0)
+    old = qs.add("a", 0, now=0.0)
+    fresh = qs.add("a", 0, now=5.0)
+    assert qs.q.decide(False, 11.0, elsewhere=3) == [Reject(old, TTL_EXPIRED)]
+    assert qs.q.count == 1
+    assert qs.q.decide(False, 11.0, elsewhere=0) == [Dispatch(fresh)]
+    late = qs.add("b", 3, now=11.0)
+    assert qs.q.decide(False, 11.5, elsewhere=3) == [Dispatch(late)]
+    qs.add("b", -1, now=11.5)
+    assert qs.q.decide(False, 12.0, elsewhere=None) != []

@@ -1,13 +1,14 @@
 """Two workers' PeerSync on one real segment and change log: fleet changes reach both in one
 order, with the same slots, and each sees the other's load."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from fleet.change_log import ChangeLog
-from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
+from fleet.clock import FakeClock
+from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment, QueueSummary, pool_key
 from fleet.registry import DuplicateBackend, FleetRegistry
 from fleet.types import BackendSpec, Role
 from policies.loads import in_flight
@@ -97,3 +98,49 @@ async def test_each_worker_sees_the_others_in_flight(pair: tuple[PeerSync, PeerS
     s0.step()
     s1.step()
     assert in_flight(a1) == 2
+
+
+def test_a_worker_sees_the_highest_band_queued_in_another_until_its_row_goes_stale(
+    tmp_path: Path,
+) -> None:
+    segment = PeerSegment(PeerLayout(workers=3, slots=8))
+    clock = FakeClock(100.0)
+    queues = {w: QueueSummary() for w in range(3)}
+
+    def summary(worker: int) -> Callable[[], QueueSummary]:
+        return lambda: queues[worker]
+
+    log = tmp_path / "log"
+    syncs = [
+        PeerSync(
+            registry("a"), PeerLoad.attach(segment.name, w), ChangeLog(log), 0.02, clock, summary(w)
+        )
+        for w in range(3)
+    ]
+    try:
+        x, y = pool_key("model-x"), pool_key("model-y")
+        assert x != y and pool_key("model-x") == x and 0 < x < 2**63
+        queues[1] = QueueSummary(4, top_priority=5, top_pool=x)
+        queues[2] = QueueSummary(1, top_priority=9, top_pool=y)
+        for s in [*syncs, *syncs]:  # the second round reads what all published in the first
+            s.exchange()
+        assert [syncs[0].peer_top(x), syncs[0].peer_top(y)] == [5, 9]
+        assert syncs[1].peer_top(x) is None  # its own queue is not "elsewhere"
+        assert syncs[1].peer_top(y) == 9
+        # Worker 2 stops publishing: after a second its row no longer holds the others back.
+        clock.advance(0.5)
+        syncs[0].exchange()
+        syncs[1].exchange()
+        assert syncs[0].peer_top(y) == 9
+        clock.advance(0.6)
+        syncs[0].exchange()
+        syncs[1].exchange()
+        assert syncs[0].peer_top(y) is None and syncs[0].peer_top(x) == 5
+        queues[1] = QueueSummary()  # worker 1's queue emptied
+        syncs[1].exchange()
+        syncs[0].exchange()
+        assert syncs[0].peer_top(x) is None
+    finally:
+        for s in syncs:
+            s.close()
+        segment.close()
