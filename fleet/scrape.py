@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Protocol
 
 import httpx
@@ -193,6 +194,8 @@ class Scraper:
 
     @staticmethod
     def take(backend: Backend, snapshot: MetricsSnapshot) -> None:
+        load = backend.load
+        snapshot = replace(snapshot, in_flight=load.in_flight + load.peer_in_flight)
         previous = backend.snapshot
         if previous is not None and _worked(previous.metrics, snapshot.metrics):
             backend.progress_at = snapshot.taken_at

@@ -102,6 +102,9 @@ class EngineMetrics:
 class MetricsSnapshot:
     taken_at: float  # clock seconds when the scrape completed
     metrics: EngineMetrics
+    # The proxy's requests on the backend (every worker's) when the snapshot was taken in;
+    # None: not known. Against the count now it tells what the engine's queue did since.
+    in_flight: int | None = None
 
     def age(self, now: float) -> float:
         return now - self.taken_at

@@ -2,9 +2,13 @@
 scrapes. An endpoint has room when its scrape is fresh, fewer than `queue_depth` requests wait
 on it and its KV cache is below `kv_cache_util`; the pool is saturated when none has room.
 
-The engine's waiting count lags the proxy by up to a scrape: requests the proxy has sent there
-beyond what the engine reports (running + waiting) are counted as waiting too, so a burst
-dispatched between two scrapes cannot overfill an endpoint the scrape still shows empty.
+The engine's waiting count lags the proxy by up to a scrape, and the proxy knows what changed
+since: while the scrape showed a queue, each request the proxy has sent there since joined it
+and each of its requests that ended there freed a seat the queue's head took, so the queue now
+is `waiting + in_flight - in_flight_at_scrape` (room shows the moment a request ends, not a
+scrape later: the pool stays busy). With no queue at the scrape, requests the proxy has sent
+beyond what the engine reports running count as waiting, so a burst dispatched between two
+scrapes cannot overfill an endpoint the scrape still shows empty.
 """
 
 from __future__ import annotations
@@ -31,14 +35,18 @@ class EndpointSignals:
     kv_usage: float  # 0..1
     scrape_age: float  # seconds
     in_flight: int  # this proxy's requests on the endpoint
+    in_flight_at_scrape: int | None = None  # the same when the scrape was taken in (None: unknown)
 
 
 def endpoint_load(s: EndpointSignals, t: SaturationThresholds) -> float:
     """How full the endpoint is against the thresholds: 1.0 or more has no room."""
     if s.scrape_age > t.metrics_staleness:
         return math.inf
-    unseen = max(0.0, s.in_flight - s.running - s.waiting)
-    return max((s.waiting + unseen) / t.queue_depth, s.kv_usage / t.kv_cache_util)
+    if s.waiting > 0 and s.in_flight_at_scrape is not None:
+        queued = max(0.0, s.waiting + s.in_flight - s.in_flight_at_scrape)
+    else:
+        queued = s.waiting + max(0.0, s.in_flight - s.running - s.waiting)
+    return max(queued / t.queue_depth, s.kv_usage / t.kv_cache_util)
 
 
 def pool_saturation(signals: Iterable[EndpointSignals], t: SaturationThresholds) -> float:

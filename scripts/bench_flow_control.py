@@ -1,26 +1,30 @@
-"""Flow control's scenarios on simulated engines (few sequences each, so the fleet saturates):
+"""Flow control's scenarios on simulated engines (few sequences each, so the fleet saturates),
+each variant run `--repeats` times with the variants interleaved (their order rotating), a
+fresh fleet and proxy per run, and each variant compared with the scenario's baseline as
+paired runs: the mean difference with its 95% interval (Student's t over the repeats).
 
-- `noisy`: a noisy tenant keeps `--noisy-concurrency` long-prompt requests in flight while a
-  quiet tenant sends short requests one after another; without flow control, with
-  round-robin and with token-weighted fairness. Prints the quiet tenant's latency.
+- `noisy`: a quiet tenant A sends short streamed requests at a steady rate (`--quiet-rate`
+  per second, open loop), a noisy tenant B keeps `--noisy-factor` times the fleet's sequences
+  (`engines x max_num_seqs`) of ~8k-character prompts in flight. Variants: A `alone`, no flow
+  control (`off`), flow control as one FIFO queue (`fifo`: every request one tenant), and
+  `round_robin` and `token_weighted` fairness. Prints A's TTFT p50 / p90 (baseline: alone).
 - `priorities`: twice the fleet's sequences in flight, half critical streams and half
   sheddable (batch) ones; without flow control, with it, and with it and preemption. Prints
   the critical band's TTFT SLO attainment (`--ttft-slo`), the client errors, the tokens the
   batch clients lost (asked for and never received) and the tokens the engines recomputed
-  for suspended streams.
+  for suspended streams (baseline: off).
 - `agents`: Autellix-style programs, each a chain of calls sharing an `x-program-id`: long
   programs all started at once, short ones (2 calls) arriving one every `--short-every`
   seconds while they run; FCFS against least attained service (`las`). Prints the programs'
-  completion times (p50, p90) per kind.
+  completion times (p50, p90) per kind (baseline: fcfs).
 - `cost`: the proxy's CPU per request below saturation, with flow control configured (and a
   rate limit) and without: the proxy runs as its own process (`fleet-proxy serve`) and its
-  CPU time is read from /proc before and after a run of sequential requests.
+  CPU time is read from /proc before and after a run of sequential requests (baseline: off).
 
-Everything shares this machine: compare the variants of one run, on a quiet machine, and
-read nothing absolute into the figures.
+Everything shares this machine: run it on an otherwise idle one, and give the load average.
 
     python scripts/bench_flow_control.py [--scenarios noisy,priorities,agents,cost]
-        [--duration 20] [--engines 2] [--max-num-seqs 4]
+        [--repeats 3] [--duration 15] [--engines 2] [--max-num-seqs 4] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
+import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,6 +47,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from bench.paired import paired_difference, t_quantile
 from proxy.serving.app import FleetProxyApp, create_app
 from proxy.serving.front_door import uvicorn_config
 from proxy.settings import load_settings
@@ -48,21 +55,25 @@ from simulator.fleet import DEFAULT_MODEL, SimFleet, start_fleet
 from simulator.profiles import DEFAULT_PROFILE, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
-FAIRNESS: dict[str, dict[str, Any] | None] = {
-    "off": None,
-    "round_robin": {"fairness": "round_robin"},
-    "token_weighted": {"fairness": "token_weighted"},
-}
 # The proxy holds requests as soon as one waits on every engine, so the queue forms in the
-# proxy (where priorities and ordering apply) rather than in the engines.
+# proxy (where priorities, fairness and ordering apply) rather than in the engines.
 HOLD_EARLY = {"saturation": {"queue_depth_threshold": 1}}
+# Every request one tenant: the fairness header is one no client sends.
+ONE_QUEUE = {"fairness_header": "x-bench-nobody-sends-this"}
+NOISY: dict[str, dict[str, Any] | None] = {
+    "alone": None,
+    "off": None,
+    "fifo": {**HOLD_EARLY, **ONE_QUEUE},
+    "round_robin": {**HOLD_EARLY, "fairness": "round_robin"},
+    "token_weighted": {**HOLD_EARLY, "fairness": "token_weighted"},
+}
 BANDS = {"objectives": {"critical": 10, "batch": -1}}
 PRIORITIES: dict[str, dict[str, Any] | None] = {
     "off": None,
     "flow": {**HOLD_EARLY, **BANDS},
     "flow+preemption": {**HOLD_EARLY, **BANDS, "preemption": True},
 }
-ORDERINGS: dict[str, dict[str, Any]] = {
+ORDERINGS: dict[str, dict[str, Any] | None] = {
     "fcfs": {**HOLD_EARLY, "ordering": "fcfs"},
     "las": {**HOLD_EARLY, "ordering": "las"},
 }
@@ -133,38 +144,50 @@ async def metric_sum(c: httpx.AsyncClient, name: str) -> float:
 
 async def tenant_loop(
     client: httpx.AsyncClient, tenant: str, prompt: str, max_tokens: int, until: float,
-    latencies: list[float], statuses: dict[int, int],
+    statuses: dict[int, int],
 ) -> None:  # fmt: skip
+    """One closed-loop client: its next request as soon as the last is answered."""
     headers = {"x-gateway-fairness-id": tenant}
     while time.monotonic() < until:
-        start = time.monotonic()
         r = await client.post("/v1/completions", json=body(prompt, max_tokens), headers=headers)
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-        if r.status_code == 200:
-            latencies.append(time.monotonic() - start)
-        else:
+        if r.status_code != 200:
             await asyncio.sleep(0.05)  # refused: back off a little, as a client would
 
 
-async def noisy(fleet: SimFleet, args: argparse.Namespace) -> None:
-    for name, flow in FAIRNESS.items():
-        async with serving(fleet, flow) as (c, _):
-            until = time.monotonic() + args.duration
-            quiet: list[float] = []
-            loud: list[float] = []
-            quiet_status: dict[int, int] = {}
-            loud_status: dict[int, int] = {}
-            loops = [
-                tenant_loop(c, "noisy", LONG_PROMPT, 32, until, loud, loud_status)
-                for _ in range(args.noisy_concurrency)
-            ]
-            loops.append(tenant_loop(c, "quiet", SHORT_PROMPT, 32, until, quiet, quiet_status))
-            await asyncio.gather(*loops)
-        print(
-            f"noisy {name:>15}: quiet {len(quiet)} ok, p50 {quantile(quiet, 0.5) * 1000:.0f} ms,"
-            f" p95 {quantile(quiet, 0.95) * 1000:.0f} ms, statuses {quiet_status}; "
-            f"noisy {len(loud)} ok, statuses {loud_status}"
-        )
+async def steady_tenant(
+    c: httpx.AsyncClient, tenant: str, rate: float, until: float, tally: StreamTally
+) -> None:
+    """Streamed short requests at `rate` per second, whether the last was answered or not."""
+    headers = {"x-gateway-fairness-id": tenant}
+    sent: list[asyncio.Task[None]] = []
+    at = time.monotonic()
+    while at < until:
+        sent.append(asyncio.create_task(stream_once(c, headers, 32, tally)))
+        at += 1.0 / rate
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+    await asyncio.gather(*sent)
+
+
+async def noisy(
+    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+) -> Metrics:
+    async with serving(fleet, flow) as (c, _):
+        until = time.monotonic() + args.duration
+        quiet = StreamTally()
+        loud: dict[int, int] = {}
+        runs = [steady_tenant(c, "quiet", args.quiet_rate, until, quiet)]
+        if variant != "alone":
+            crowd = args.noisy_factor * args.engines * args.max_num_seqs
+            runs += [tenant_loop(c, "noisy", LONG_PROMPT, 32, until, loud) for _ in range(crowd)]
+        await asyncio.gather(*runs)
+    return {
+        "A TTFT p50 ms": quantile(quiet.ttfts, 0.5) * 1000,
+        "A TTFT p90 ms": quantile(quiet.ttfts, 0.9) * 1000,
+        "A answered": len(quiet.ttfts),
+        "A errors": quiet.errors,
+        "B answered": loud.get(200, 0),
+    }
 
 
 # --- priorities under overload
@@ -222,27 +245,30 @@ async def band_loop(
         await stream_once(c, headers, max_tokens, tally)
 
 
-async def priorities(fleet: SimFleet, args: argparse.Namespace) -> None:
+async def priorities(
+    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+) -> Metrics:
     slots = args.engines * args.max_num_seqs  # twice this many in flight: 2x overload
-    for name, flow in PRIORITIES.items():
-        async with serving(fleet, flow) as (c, _):
-            until = time.monotonic() + args.duration
-            critical, batch = StreamTally(), StreamTally()
-            await asyncio.gather(
-                *(band_loop(c, "critical", 16, until, critical) for _ in range(slots)),
-                *(band_loop(c, "batch", 128, until, batch) for _ in range(slots)),
-            )
-            recomputed = await metric_sum(c, "fleet_proxy_migration_recomputed_tokens_total")
-            preempted = await metric_sum(c, "fleet_proxy_flow_control_preemptions_total")
-        met = sum(1 for t in critical.ttfts if t <= args.ttft_slo)
-        attained = met / len(critical.ttfts) if critical.ttfts else float("nan")
-        print(
-            f"priorities {name:>15}: critical {len(critical.ttfts)} streams, TTFT <= "
-            f"{args.ttft_slo:g} s: {attained:.0%}, p90 {quantile(critical.ttfts, 0.9):.2f} s, "
-            f"errors {critical.errors}; batch {len(batch.ttfts)} streams, statuses "
-            f"{batch.statuses}, errors {batch.errors}, lost tokens {batch.lost_tokens}; "
-            f"preemptions {preempted:.0f}, recomputed tokens {recomputed:.0f}"
+    async with serving(fleet, flow) as (c, _):
+        until = time.monotonic() + args.duration
+        critical, batch = StreamTally(), StreamTally()
+        await asyncio.gather(
+            *(band_loop(c, "critical", 16, until, critical) for _ in range(slots)),
+            *(band_loop(c, "batch", 128, until, batch) for _ in range(slots)),
         )
+        recomputed = await metric_sum(c, "fleet_proxy_migration_recomputed_tokens_total")
+        preempted = await metric_sum(c, "fleet_proxy_flow_control_preemptions_total")
+    met = sum(1 for t in critical.ttfts if t <= args.ttft_slo)
+    return {
+        "critical SLO %": 100 * met / len(critical.ttfts) if critical.ttfts else math.nan,
+        "critical TTFT p90 ms": quantile(critical.ttfts, 0.9) * 1000,
+        "critical streams": len(critical.ttfts),
+        "batch streams": len(batch.ttfts),
+        "client errors": critical.errors + batch.errors,
+        "lost tokens": batch.lost_tokens + critical.lost_tokens,
+        "preemptions": preempted,
+        "recomputed tokens": recomputed,
+    }
 
 
 # --- agent programs
@@ -264,27 +290,28 @@ async def arriving(c: httpx.AsyncClient, pid: str, after: float, done: list[floa
     await program(c, pid, 2, done)
 
 
-async def agents(fleet: SimFleet, args: argparse.Namespace) -> None:
-    for name, flow in ORDERINGS.items():
-        async with serving(fleet, flow) as (c, _):
-            short: list[float] = []
-            long: list[float] = []
-            runs = [
-                program(c, f"long-{i}", args.long_calls, long) for i in range(args.long_programs)
-            ]
-
-            runs += [
-                arriving(c, f"short-{i}", args.short_every * (i + 1), short)
-                for i in range(args.short_programs)
-            ]
-            await asyncio.gather(*runs)
-        every = short + long
-        print(
-            f"agents {name:>15}: all {len(every)} programs p50 {quantile(every, 0.5):.2f} s, "
-            f"p90 {quantile(every, 0.9):.2f} s; short p50 {quantile(short, 0.5):.2f} s, "
-            f"p90 {quantile(short, 0.9):.2f} s; long p50 {quantile(long, 0.5):.2f} s, "
-            f"p90 {quantile(long, 0.9):.2f} s"
-        )
+async def agents(
+    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+) -> Metrics:
+    async with serving(fleet, flow) as (c, _):
+        short: list[float] = []
+        long: list[float] = []
+        runs = [program(c, f"long-{i}", args.long_calls, long) for i in range(args.long_programs)]
+        runs += [
+            arriving(c, f"short-{i}", args.short_every * (i + 1), short)
+            for i in range(args.short_programs)
+        ]
+        await asyncio.gather(*runs)
+    every = short + long
+    return {
+        "all p50 s": quantile(every, 0.5),
+        "all p90 s": quantile(every, 0.9),
+        "short p50 s": quantile(short, 0.5),
+        "short p90 s": quantile(short, 0.9),
+        "long p50 s": quantile(long, 0.5),
+        "long p90 s": quantile(long, 0.9),
+        "programs done": len(every),
+    }
 
 
 # --- the cost below saturation
@@ -324,31 +351,31 @@ async def proxy_process(
         await asyncio.wait_for(p.wait(), timeout=30)
 
 
-async def cost(fleet: SimFleet, args: argparse.Namespace) -> None:
-    for name, flow in COST.items():
-        flow_settings = None if flow is None else dict(flow)
-        async with (
-            proxy_process(fleet, flow_settings) as (pid, url),
-            httpx.AsyncClient(base_url=url, timeout=60) as c,
-        ):
-            for _ in range(600):  # bounded: 30 s for a first scrape of every engine
-                if (await c.get("/ready")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            await sequential(c, 20)  # warm
-            # What the proxy spends with no requests (scrapes, health checks), per second.
-            before, start = cpu_seconds(pid), time.monotonic()
-            await asyncio.sleep(args.idle_seconds)
-            idle = (cpu_seconds(pid) - before) / (time.monotonic() - start)
-            before, start = cpu_seconds(pid), time.monotonic()
-            await sequential(c, args.cost_requests)
-            used, wall = cpu_seconds(pid) - before, time.monotonic() - start
-        n = args.cost_requests
-        print(
-            f"cost {name:>17}: {n} requests, proxy CPU {used / n * 1e6:.0f} us per request, "
-            f"{(used - idle * wall) / n * 1e6:.0f} us less its idle {idle * 1e3:.0f} ms/s "
-            f"({wall:.1f} s wall)"
-        )
+async def cost(
+    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+) -> Metrics:
+    async with (
+        proxy_process(fleet, None if flow is None else dict(flow)) as (pid, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as c,
+    ):
+        for _ in range(600):  # bounded: 30 s for a first scrape of every engine
+            if (await c.get("/ready")).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        await sequential(c, 20)  # warm
+        # What the proxy spends with no requests (scrapes, health checks), per second.
+        before, start = cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(args.idle_seconds)
+        idle = (cpu_seconds(pid) - before) / (time.monotonic() - start)
+        before, start = cpu_seconds(pid), time.monotonic()
+        await sequential(c, args.cost_requests)
+        used, wall = cpu_seconds(pid) - before, time.monotonic() - start
+    n = args.cost_requests
+    return {
+        "CPU us/request": used / n * 1e6,
+        "CPU us/request less idle": (used - idle * wall) / n * 1e6,
+        "idle CPU ms/s": idle * 1e3,
+    }
 
 
 async def sequential(c: httpx.AsyncClient, n: int) -> None:
@@ -357,21 +384,69 @@ async def sequential(c: httpx.AsyncClient, n: int) -> None:
         r.raise_for_status()
 
 
-SCENARIOS: dict[str, Callable[[SimFleet, argparse.Namespace], Awaitable[None]]] = {
-    "noisy": noisy,
-    "priorities": priorities,
-    "agents": agents,
-    "cost": cost,
+Metrics = dict[str, float]
+Run = Callable[[SimFleet, argparse.Namespace, str, "dict[str, Any] | None"], Awaitable[Metrics]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    run: Run
+    variants: dict[str, dict[str, Any] | None]
+    baseline: str
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "noisy": Scenario(noisy, NOISY, "alone"),
+    "priorities": Scenario(priorities, PRIORITIES, "off"),
+    "agents": Scenario(agents, ORDERINGS, "fcfs"),
+    "cost": Scenario(cost, COST, "off"),
 }
+
+
+def ratio_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """The geometric mean of the paired ratios b/a and its 95% interval (t over the log
+    ratios); None with fewer than two usable pairs."""
+    logs = [math.log(y / x) for x, y in zip(a, b, strict=True) if x > 0 and y > 0]
+    if len(logs) < 2:
+        return None
+    mean = statistics.fmean(logs)
+    half = t_quantile(0.95, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def summarize(name: str, scenario: Scenario, runs: dict[str, list[Metrics]]) -> list[str]:
+    base = runs[scenario.baseline]
+    lines = [f"== {name}: {len(base)} paired runs per variant, against {scenario.baseline}"]
+    for metric in base[0]:
+        lines.append(f"  {metric}")
+        a = [r[metric] for r in base]
+        lines.append(f"    {scenario.baseline:>16}: mean {statistics.fmean(a):.4g}")
+        for variant, got in runs.items():
+            if variant == scenario.baseline:
+                continue
+            b = [r[metric] for r in got]
+            line = f"    {variant:>16}: mean {statistics.fmean(b):.4g}"
+            if len(b) >= 2 and not any(math.isnan(v) for v in a + b):
+                d = paired_difference(a, b)
+                line += f", diff {d.mean_diff:+.4g} [{d.ci_low:+.4g}, {d.ci_high:+.4g}]"
+                ratio = ratio_interval(a, b)
+                if ratio is not None:
+                    line += f", ratio {ratio[0]:.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]"
+            lines.append(line)
+    return lines
 
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--scenarios", default="noisy", help=f"comma list of {', '.join(SCENARIOS)}")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds per variant")
+    p.add_argument("--repeats", type=int, default=3, help="paired runs per variant")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds per run")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=4)
-    p.add_argument("--noisy-concurrency", type=int, default=32)
+    p.add_argument("--quiet-rate", type=float, default=4.0, help="noisy: A's requests per second")
+    p.add_argument(
+        "--noisy-factor", type=int, default=5, help="noisy: B's requests in flight per sequence"
+    )
     p.add_argument("--ttft-slo", type=float, default=1.0, help="critical TTFT SLO, seconds")
     p.add_argument("--long-programs", type=int, default=16)
     p.add_argument("--long-calls", type=int, default=20, help="calls of a long program")
@@ -380,16 +455,39 @@ async def main() -> None:
     p.add_argument("--cost-requests", type=int, default=500)
     p.add_argument("--idle-seconds", type=float, default=3.0, help="cost: idle CPU measured")
     p.add_argument("--speed", type=float, default=4.0, help="simulated time per real second")
+    p.add_argument("--out", type=Path, help="write every run's figures here (JSON)")
     args = p.parse_args()
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in chosen:
         if s not in SCENARIOS:
             raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIOS)}")
     profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=args.max_num_seqs)
+    everything: dict[str, dict[str, list[Metrics]]] = {}
+    summary: list[str] = []
     for s in chosen:
-        # Fresh engines per scenario: one scenario's leftovers do not slow the next.
-        async with await start_fleet(args.engines, profile=profile, speed=args.speed) as fleet:
-            await SCENARIOS[s](fleet, args)
+        scenario = SCENARIOS[s]
+        names = list(scenario.variants)
+        runs: dict[str, list[Metrics]] = {n: [] for n in names}
+        for rep in range(args.repeats):
+            shift = rep % len(names)  # each variant takes each place in the order in turn
+            for variant in names[shift:] + names[:shift]:
+                # Fresh engines per run: one run's leftovers do not slow the next.
+                async with await start_fleet(
+                    args.engines, profile=profile, speed=args.speed
+                ) as fleet:
+                    got = await scenario.run(fleet, args, variant, scenario.variants[variant])
+                runs[variant].append(got)
+                figures = ", ".join(f"{k} {v:.4g}" for k, v in got.items())
+                print(f"{s} {variant:>16} run {rep + 1}: {figures}", flush=True)
+        everything[s] = runs
+        summary += summarize(s, scenario, runs)
+    print("\n".join(summary))
+    if args.out is not None:
+        args.out.write_text(
+            json.dumps({"args": vars(args) | {"out": str(args.out)}, "runs": everything}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -312,6 +312,7 @@ class FlowGate:
                     m.kv_usage,
                     now - snap.taken_at,
                     load.in_flight + load.peer_in_flight,
+                    snap.in_flight,
                 )
             )
         if not signals:

@@ -47,6 +47,21 @@ def test_requests_sent_but_not_yet_scraped_count_as_waiting() -> None:
     assert not saturated([signals(running=1, in_flight=5)], T)
 
 
+def test_a_queue_at_the_scrape_moves_with_the_requests_sent_or_ended_since() -> None:
+    # The scrape: 4 running, 5 waiting (a full queue), while the proxy had 9 requests there.
+    at_scrape = {"waiting": 5, "running": 4, "in_flight_at_scrape": 9}
+    assert saturated([EndpointSignals(**at_scrape, kv_usage=0, scrape_age=0, in_flight=9)], T)
+    # One of them ended: its seat went to the queue's head, which is 4 long now.
+    assert not saturated([EndpointSignals(**at_scrape, kv_usage=0, scrape_age=0, in_flight=8)], T)
+    # Two more were sent there since: the queue is longer than the scrape says.
+    assert (
+        endpoint_load(EndpointSignals(**at_scrape, kv_usage=0, scrape_age=0, in_flight=11), T)
+        == 7 / 5
+    )
+    # Without the count at the scrape, only what the engine cannot have seen is added.
+    assert endpoint_load(signals(waiting=5, running=4, in_flight=8), T) == 1.0
+
+
 def test_the_pool_is_saturated_only_when_no_endpoint_has_room() -> None:
     full, free = signals(waiting=9), signals(waiting=1)
     assert not saturated([full, free], T)
