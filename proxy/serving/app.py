@@ -94,7 +94,9 @@ class FleetProxyApp:
         forwarder = Forwarder(core, authorize, flow)
         self.audio = AudioRelay(core, forwarder.bodies, authorize)
         store = responses_store(core.settings)
-        self.responses = ResponsesApi(core, forwarder.legs, store, forwarder.bodies, authorize)
+        self.responses = ResponsesApi(
+            core, forwarder.legs, store, forwarder.bodies, authorize, flow
+        )
         self.responses_route: AsgiApp = self.responses
         if keys is not None:
             self._control = ControlPlaneKeys(control_app, keys)

@@ -199,6 +199,40 @@ async def test_a_higher_band_queued_in_another_worker_takes_the_room_first(
         segment.close()
 
 
+async def test_a_responses_request_queues_and_goes_by_its_priority(one_at_a_time, tmp_path: Path):
+    """The Responses API is flow-controlled as chat is: a critical response overtakes queued
+    sheddable completions, and its priority and wait reach its request log line."""
+    log = tmp_path / "requests.jsonl"
+    async with saturated(one_at_a_time, request_log="json", request_log_file=log) as scene:
+        app, c, held, f = scene.app, scene.client, scene.held, scene.finishes
+        for i in range(3):
+            f.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
+            if i == 0:
+                await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        await eventually(lambda: queued(app) == 2, what="two sheddable requests queued")
+
+        async def respond() -> httpx.Response:
+            r = await c.post(
+                "/v1/responses",
+                json={"model": DEFAULT_MODEL, "input": "Hello there.", "max_output_tokens": 4},
+                headers={"x-gateway-inference-objective": "critical"},
+            )
+            f.order.append("response")
+            return r
+
+        f.tasks.append(asyncio.create_task(respond()))
+        await eventually(lambda: queued(app) == 3, what="the response queued")
+        await release(held)
+        answers = await f.all()
+        assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+        answer = answers[-1].json()
+        assert answer["object"] == "response" and answer["output"], answer  # 4 tokens: incomplete
+        assert f.order == ["batch0", "response", "batch1", "batch2"]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    (response,) = [e for e in lines if e["endpoint"] == "responses"]
+    assert response["priority"] == 10 and response["queue_wait_ms"] > 0
+
+
 async def test_a_noisy_tenant_does_not_starve_a_quiet_one(one_at_a_time, tmp_path: Path):
     log = tmp_path / "requests.jsonl"
     async with saturated(one_at_a_time, request_log="json", request_log_file=log) as scene:

@@ -25,7 +25,7 @@ from fleet.tokens import estimate_tokens
 from policies.policy import RequestContext
 from proxy.asgi import Message, Receive, Scope, Send, send_error
 from proxy.errors import ProxyError
-from proxy.ports import FinishedRequest, RequestServices
+from proxy.ports import FinishedRequest, FlowControl, FlowTicket, RequestServices
 from proxy.request.body import is_stream, parse_object, require_model
 from proxy.request.body_reader import BodyReader
 from proxy.request.leg_services import LegServices
@@ -87,8 +87,10 @@ class ResponsesApi:
         store: ResponseStore,
         bodies: BodyReader,
         authorize: Authorize | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         self._core = core
+        self._flow = flow  # flow control, when configured: responses queue as chat does
         self._legs = legs
         self.store = store
         self._bodies = bodies  # the process's, shared with the completions and chat path
@@ -154,10 +156,16 @@ class ResponsesApi:
         request log."""
         self._bodies.budget.release(served.held)
         served.held = 0
+        ticket, served.ticket = served.ticket, None
+        if ticket is not None:
+            assert self._flow is not None
+            self._flow.done(ticket, served.finished())
         request_log = self._core.request_log
         if request_log is not None and request_log.sampled():
             finished = served.finished()
-            request_log.record(ENDPOINT, served.request_id, served.status, served.arrived, finished)
+            request_log.record(
+                ENDPOINT, served.request_id, served.status, served.arrived, finished, ticket
+            )
 
     # --- stored responses
 
@@ -296,9 +304,15 @@ class ResponsesApi:
         send: Send,
         served: _Served,
     ) -> int:
+        if self._flow is not None:
+            # Last before routing, as for chat. A client leaving while its request is queued
+            # cancels this task (its watcher), which takes it out of the queue.
+            served.ticket = await self._flow.admit(ctx, _no_disconnect)
         session = RequestSession(
             self._core, self._legs, PATH, ctx, body, upstream, send, served.arrived, None
         )
+        if served.ticket is not None and served.ticket.rate is not None:
+            session.answer_headers = served.ticket.rate.headers
         served.session = session
         return await session.run()
 
@@ -395,11 +409,19 @@ async def _cancelled_in_store(turn: _Turn) -> None:
             return
 
 
+async def _no_disconnect() -> Message:
+    """A `receive` that never reports anything: disconnects are watched elsewhere."""
+    never: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+    return await never
+
+
 class _Served:
     """One request as its end needs it: its body bytes held in the budget, and what its line
     in the request log says."""
 
-    __slots__ = ("arrived", "background", "held", "model", "request_id", "session", "status")
+    __slots__ = (
+        "arrived", "background", "held", "model", "request_id", "session", "status", "ticket",
+    )  # fmt: skip
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -409,6 +431,7 @@ class _Served:
         self.held = 0
         self.session: RequestSession | None = None  # the one that generated the response
         self.background = False
+        self.ticket: FlowTicket | None = None  # flow control's, once it let the request through
 
     def finished(self) -> FinishedRequest | None:
         return self.session.finished() if self.session is not None else None
