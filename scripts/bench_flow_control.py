@@ -440,6 +440,7 @@ async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--scenarios", default="noisy", help=f"comma list of {', '.join(SCENARIOS)}")
     p.add_argument("--repeats", type=int, default=3, help="paired runs per variant")
+    p.add_argument("--variants", help="comma list: only these variants (the baseline always runs)")
     p.add_argument("--duration", type=float, default=15.0, help="seconds per run")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--max-num-seqs", type=int, default=4)
@@ -468,7 +469,10 @@ async def main() -> None:
     summary: list[str] = []
     for s in chosen:
         scenario = SCENARIOS[s]
-        names = list(scenario.variants)
+        names = [
+            n for n in scenario.variants
+            if args.variants is None or n == scenario.baseline or n in args.variants.split(",")
+        ]  # fmt: skip
         runs: dict[str, list[Metrics]] = {n: [] for n in names}
         for rep in range(args.repeats):
             shift = rep % len(names)  # each variant takes each place in the order in turn
