@@ -38,23 +38,26 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import uvicorn
+import yaml
 
 from bench.paired import paired_difference, t_quantile
-from proxy.serving.app import FleetProxyApp, create_app
+from proxy.serving.app import create_app
 from proxy.serving.front_door import uvicorn_config
 from proxy.settings import load_settings
-from simulator.fleet import DEFAULT_MODEL, SimFleet, start_fleet
+from simulator.fleet import DEFAULT_MODEL, start_fleet
 from simulator.profiles import DEFAULT_PROFILE, load_profile
 
 REPO = Path(__file__).resolve().parents[1]
+PROFILES = REPO / "simulator" / "profiles"
 # The proxy holds requests as soon as one waits on every engine, so the queue forms in the
 # proxy (where priorities, fairness and ordering apply) rather than in the engines.
 HOLD_EARLY = {"saturation": {"queue_depth_threshold": 1}}
@@ -100,11 +103,80 @@ def quantile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+class Engines(Protocol):
+    """Simulated engines, in this process (SimFleet) or in one of their own."""
+
+    @property
+    def urls(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    urls: list[str]
+
+
+LIMITS = httpx.Limits(max_connections=1000)
+
+
+def profile_file(folder: Path, max_num_seqs: int) -> Path:
+    """The shipped default profile with `max_num_seqs`, as a file `fleet-proxy sim` reads."""
+    shipped = yaml.safe_load((PROFILES / f"{DEFAULT_PROFILE}.yaml").read_text())
+    path = folder / "profile.yaml"
+    path.write_text(yaml.safe_dump({**shipped, "max_num_seqs": max_num_seqs}))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def engines(args: argparse.Namespace) -> AsyncIterator[Engines]:
+    """A fresh fleet: in this process, or with `--processes` as `fleet-proxy sim` (its own
+    process, so the clients' and the proxy's work does not slow its clock)."""
+    profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=args.max_num_seqs)
+    if not args.processes:
+        async with await start_fleet(args.engines, profile=profile, speed=args.speed) as fleet:
+            yield fleet
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = profile_file(Path(tmp), args.max_num_seqs)
+        cmd = [sys.executable, "-m", "proxy.serving.cli", "sim", "--engines", str(args.engines)]
+        cmd += ["--base-port", "0", "--speed", str(args.speed), "--profile", str(path)]
+        p = await asyncio.create_subprocess_exec(
+            *cmd, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        )
+        try:
+            assert p.stdout is not None
+            urls = []
+            for _ in range(args.engines):  # it prints each engine's URL on a line of its own
+                line = await asyncio.wait_for(p.stdout.readline(), timeout=60)
+                urls.append(line.decode().strip())
+            if not all(u.startswith("http://") for u in urls):
+                raise SystemExit(f"the simulator did not start: {urls}")
+            async with httpx.AsyncClient(timeout=5) as c:
+                for url in urls:
+                    for _ in range(600):  # bounded: 30 s for each engine to answer
+                        with contextlib.suppress(httpx.HTTPError):
+                            if (await c.get(url + "/health")).status_code == 200:
+                                break
+                        await asyncio.sleep(0.05)
+            yield EngineProcess(urls)
+        finally:
+            p.terminate()
+            await asyncio.wait_for(p.wait(), timeout=30)
+
+
 @contextlib.asynccontextmanager
 async def serving(
-    fleet: SimFleet, flow: dict[str, Any] | None
-) -> AsyncIterator[tuple[httpx.AsyncClient, FleetProxyApp]]:
-    """fleet-proxy in this process in front of `fleet`, every engine scraped, and a client."""
+    fleet: Engines, flow: dict[str, Any] | None, own_process: bool = False
+) -> AsyncIterator[httpx.AsyncClient]:
+    """fleet-proxy in front of `fleet`, every engine scraped, and a client: in this process
+    (scraping every 50 ms), or as `fleet-proxy serve` with its defaults (`own_process`)."""
+    if own_process:
+        async with (
+            proxy_process(fleet, flow) as (_, url),
+            httpx.AsyncClient(base_url=url, timeout=120, limits=LIMITS) as c,
+        ):
+            await ready(c, len(fleet.urls))
+            yield c
+        return
     settings: dict[str, Any] = {"backends": fleet.urls, "scrape_interval": 0.05}
     if flow is not None:
         settings["flow_control"] = flow
@@ -120,18 +192,22 @@ async def serving(
         if not server.started:
             raise SystemExit("fleet-proxy did not start listening")
         port = server.servers[0].sockets[0].getsockname()[1]
-        limits = httpx.Limits(max_connections=1000)
         async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits
+            base_url=f"http://127.0.0.1:{port}", timeout=120, limits=LIMITS
         ) as c:
-            for _ in range(600):  # bounded: 30 s for a first scrape of every engine
-                if (await c.get("/ready")).json().get("backends") == len(fleet.urls):
-                    break
-                await asyncio.sleep(0.05)
-            yield c, app
+            await ready(c, len(fleet.urls))
+            yield c
     finally:
         server.should_exit = True
         await task
+
+
+async def ready(c: httpx.AsyncClient, backends: int) -> None:
+    for _ in range(600):  # bounded: 30 s for a first scrape of every engine
+        with contextlib.suppress(httpx.HTTPError):
+            if (await c.get("/ready")).json().get("backends") == backends:
+                return
+        await asyncio.sleep(0.05)
 
 
 async def metric_sum(c: httpx.AsyncClient, name: str) -> float:
@@ -170,13 +246,18 @@ async def steady_tenant(
 
 
 async def noisy(
-    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+    fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
-    async with serving(fleet, flow) as (c, _):
+    async with serving(fleet, flow, args.processes) as c:
         until = time.monotonic() + args.duration
         quiet = StreamTally()
         loud: dict[int, int] = {}
-        runs = [steady_tenant(c, "quiet", args.quiet_rate, until, quiet)]
+        if args.processes:
+            # A's client in a process of its own: B's hundreds of clients in this one would
+            # delay A's reading of its first token, and that delay is not the proxy's.
+            runs = [quiet_process(str(c.base_url), args, quiet)]
+        else:
+            runs = [steady_tenant(c, "quiet", args.quiet_rate, until, quiet)]
         if variant != "alone":
             crowd = args.noisy_factor * args.engines * args.max_num_seqs
             runs += [tenant_loop(c, "noisy", LONG_PROMPT, 32, until, loud) for _ in range(crowd)]
@@ -188,6 +269,25 @@ async def noisy(
         "A errors": quiet.errors,
         "B answered": loud.get(200, 0),
     }
+
+
+async def quiet_process(url: str, args: argparse.Namespace, tally: StreamTally) -> None:
+    """`steady_tenant` run by this script in another process (`--quiet-client URL`)."""
+    cmd = [sys.executable, __file__, "--quiet-client", url, "--duration", str(args.duration)]
+    cmd += ["--quiet-rate", str(args.quiet_rate)]
+    p = await asyncio.create_subprocess_exec(*cmd, cwd=REPO, stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(p.communicate(), timeout=args.duration + 300)
+    got = json.loads(out)
+    tally.ttfts += got["ttfts"]
+    tally.errors += got["errors"]
+
+
+async def quiet_client(url: str, args: argparse.Namespace) -> None:
+    """The other side of `quiet_process`: A's requests, its tally printed as JSON."""
+    tally = StreamTally()
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=LIMITS) as c:
+        await steady_tenant(c, "quiet", args.quiet_rate, time.monotonic() + args.duration, tally)
+    print(json.dumps({"ttfts": tally.ttfts, "errors": tally.errors}))
 
 
 # --- priorities under overload
@@ -246,10 +346,10 @@ async def band_loop(
 
 
 async def priorities(
-    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+    fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
     slots = args.engines * args.max_num_seqs  # twice this many in flight: 2x overload
-    async with serving(fleet, flow) as (c, _):
+    async with serving(fleet, flow, args.processes) as c:
         until = time.monotonic() + args.duration
         critical, batch = StreamTally(), StreamTally()
         await asyncio.gather(
@@ -291,9 +391,9 @@ async def arriving(c: httpx.AsyncClient, pid: str, after: float, done: list[floa
 
 
 async def agents(
-    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+    fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
-    async with serving(fleet, flow) as (c, _):
+    async with serving(fleet, flow, args.processes) as c:
         short: list[float] = []
         long: list[float] = []
         runs = [program(c, f"long-{i}", args.long_calls, long) for i in range(args.long_programs)]
@@ -326,7 +426,7 @@ def cpu_seconds(pid: int) -> float:
 
 @contextlib.asynccontextmanager
 async def proxy_process(
-    fleet: SimFleet, flow: dict[str, Any] | None
+    fleet: Engines, flow: dict[str, Any] | None
 ) -> AsyncIterator[tuple[int, str]]:
     """`fleet-proxy serve` as its own process: (pid, base url)."""
     cmd = [sys.executable, "-m", "proxy.serving.cli", "serve", "--port", "0"]
@@ -352,7 +452,7 @@ async def proxy_process(
 
 
 async def cost(
-    fleet: SimFleet, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
+    fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
     async with (
         proxy_process(fleet, None if flow is None else dict(flow)) as (pid, url),
@@ -385,7 +485,7 @@ async def sequential(c: httpx.AsyncClient, n: int) -> None:
 
 
 Metrics = dict[str, float]
-Run = Callable[[SimFleet, argparse.Namespace, str, "dict[str, Any] | None"], Awaitable[Metrics]]
+Run = Callable[[Engines, argparse.Namespace, str, "dict[str, Any] | None"], Awaitable[Metrics]]
 
 
 @dataclass(frozen=True)
@@ -457,14 +557,23 @@ async def main() -> None:
     p.add_argument("--idle-seconds", type=float, default=3.0, help="cost: idle CPU measured")
     p.add_argument("--speed", type=float, default=4.0, help="simulated time per real second")
     p.add_argument("--out", type=Path, help="write every run's figures here (JSON)")
+    p.add_argument(
+        "--processes",
+        action="store_true",
+        help="noisy, priorities, agents: the engines (`fleet-proxy sim`) and the proxy "
+        "(`fleet-proxy serve`, default settings) each in a process of its own",
+    )
+    p.add_argument("--quiet-client", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quiet_client:
+        await quiet_client(args.quiet_client, args)
+        return
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in chosen:
         if s not in SCENARIOS:
             raise SystemExit(f"unknown scenario {s!r}: {', '.join(SCENARIOS)}")
-    profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=args.max_num_seqs)
     everything: dict[str, dict[str, list[Metrics]]] = {}
     summary: list[str] = []
     for s in chosen:
@@ -478,9 +587,7 @@ async def main() -> None:
             shift = rep % len(names)  # each variant takes each place in the order in turn
             for variant in names[shift:] + names[:shift]:
                 # Fresh engines per run: one run's leftovers do not slow the next.
-                async with await start_fleet(
-                    args.engines, profile=profile, speed=args.speed
-                ) as fleet:
+                async with engines(args) as fleet:
                     got = await scenario.run(fleet, args, variant, scenario.variants[variant])
                 runs[variant].append(got)
                 figures = ", ".join(f"{k} {v:.4g}" for k, v in got.items())
