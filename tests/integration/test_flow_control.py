@@ -182,6 +182,14 @@ async def test_a_higher_band_queued_in_another_worker_takes_the_room_first(
                 if i == 0:
                     await eventually(lambda: engine_waiting(one_at_a_time) == 1)
             await eventually(lambda: queued(app0) == 3, what="three sheddable requests queued")
+
+            def full_to_worker_1() -> bool:
+                # Its scrape and worker 0's load reach it on their own clocks, later on a
+                # loaded machine.
+                assert app1.flow is not None
+                return app1.flow.saturation(DEFAULT_MODEL, app1.core.clock.now()) >= 1.0
+
+            await eventually(full_to_worker_1, what="worker 1 seeing the pool full")
             for i in range(2):
                 f1.send(f"critical{i}", {"x-gateway-inference-objective": "critical"})
             await eventually(lambda: queued(app1) == 2, what="the critical requests queued")
@@ -206,7 +214,8 @@ async def test_a_responses_request_queues_and_goes_by_its_priority(one_at_a_time
     async with saturated(one_at_a_time, request_log="json", request_log_file=log) as scene:
         app, c, held, f = scene.app, scene.client, scene.held, scene.finishes
         for i in range(3):
-            f.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
+            # Longer than the response, whose answer the proxy also stores before it returns.
+            f.send(f"batch{i}", {"x-gateway-inference-objective": "batch"}, body(32))
             if i == 0:
                 await eventually(lambda: engine_waiting(one_at_a_time) == 1)
         await eventually(lambda: queued(app) == 2, what="two sheddable requests queued")
