@@ -269,6 +269,8 @@ class FlowGate:
     def _admitted(self, ctx: RequestContext, ticket: FlowTicket) -> FlowTicket:
         if self._config.preemption and ticket.priority < 0 and ctx.stream:
             self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
+            if self._peers is not None:
+                self._kick()  # it may have to make room for a higher band in another worker
         return ticket
 
     def done(self, ticket: FlowTicket, finished: FinishedRequest | None) -> None:
@@ -332,16 +334,21 @@ class FlowGate:
         wake = self._wake
         assert wake is not None
         interval = self._config.recheck_interval
-        while self._waiters:
+        while self._waiters or self._watching_peers():
             wake.clear()
             try:
                 self._cycle()
             except Exception:
                 # The queue must keep moving (or expiring): the next cycle tries again.
                 log.exception("flow control's dispatch cycle failed")
-            if self._waiters:
+            if self._waiters or self._watching_peers():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), interval)
+
+    def _watching_peers(self) -> bool:
+        """One of several workers, with sheddable streams that a higher band waiting in
+        another worker may need suspended: the loop keeps looking while there are any."""
+        return self._peers is not None and bool(self._sheddable)
 
     def _cycle(self) -> None:
         if self._peers is not None:
@@ -358,9 +365,12 @@ class FlowGate:
             routing = self._unbound.get(model, 0) > 0  # the last dispatch is not counted yet
             full = routing or self.saturation(model, now) >= 1.0
             preemptable = self._sheddable.get(model) and model not in self._suspending
+            elsewhere = self._elsewhere(model)
             if full and not routing and preemptable:
-                self._preempt(model, pool)
-            for action in pool.decide(full, now, self._elsewhere(model)):
+                top = pool.top_priority()
+                if top is not None:
+                    self._preempt(model, top if elsewhere is None else max(top, elsewhere))
+            for action in pool.decide(full, now, elsewhere):
                 slot = self._waiters.get(action.request.seq)
                 if slot is None or slot.done():
                     continue
@@ -373,14 +383,27 @@ class FlowGate:
                 else:
                     self._unbound[model] = self._unbound.get(model, 0) + 1
                     slot.set_result(None)
+        if self._peers is not None:
+            self._preempt_for_peers(now)
 
     # --- preemption
 
-    def _preempt(self, model: str, pool: FlowQueues) -> None:
-        """Suspend the latest sheddable stream of a lower band than the highest one waiting."""
-        top = pool.top_priority()
-        if top is None:
-            return
+    def _preempt_for_peers(self, now: float) -> None:
+        """A higher band waits in another worker for a full pool where this one runs
+        sheddable streams (and queues nothing itself: those pools were seen to above)."""
+        for model in list(self._sheddable):
+            pool = self.pools.get(model)
+            if (pool is not None and pool.count) or model in self._suspending:
+                continue
+            elsewhere = self._elsewhere(model)
+            if elsewhere is None or self._unbound.get(model):
+                continue
+            if self.saturation(model, now) >= 1.0:
+                self._preempt(model, elsewhere)
+
+    def _preempt(self, model: str, top: int) -> None:
+        """Suspend the latest sheddable stream of a lower band than `top`, the highest one
+        waiting (here or in another worker)."""
         running = [
             (t, ctx)
             for t, ctx in self._sheddable[model].values()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,43 @@ async def saturated(fleet: SimFleet, **settings: Any) -> AsyncIterator[Scene]:
         yield Scene(app, c, await blocker(blocking, app))
 
 
+class TwoWorkers:
+    """Two proxies on one shared segment, as `fleet-proxy serve --workers 2` runs them, and
+    a client of each."""
+
+    def __init__(self, apps: list[FleetProxyApp], clients: list[httpx.AsyncClient]) -> None:
+        self.apps = apps
+        self.clients = clients
+
+    async def full_to(self, worker: int) -> None:
+        """Until `worker` sees the pool full: its scrapes and the other's load reach it on
+        their own clocks, later on a loaded machine."""
+        app = self.apps[worker]
+        assert app.flow is not None
+        flow = app.flow
+        await eventually(
+            lambda: flow.saturation(DEFAULT_MODEL, app.core.clock.now()) >= 1.0,
+            what=f"worker {worker} seeing the pool full",
+        )
+
+
+@contextlib.asynccontextmanager
+async def two_workers(fleet: SimFleet, tmp_path: Path, flow: Any) -> AsyncIterator[TwoWorkers]:
+    segment = PeerSegment(PeerLayout(workers=2, slots=8))
+    seats = [WorkerSeat(w, 2, segment.name, str(tmp_path / "changes.jsonl")) for w in (0, 1)]
+    settings = fast_settings(fleet.urls, flow_control=flow)
+    try:
+        async with (
+            running_proxy(settings, seat=seats[0]) as (url0, app0),
+            running_proxy(settings, seat=seats[1]) as (url1, app1),
+            httpx.AsyncClient(base_url=url0, timeout=120) as c0,
+            httpx.AsyncClient(base_url=url1, timeout=120) as c1,
+        ):
+            yield TwoWorkers([app0, app1], [c0, c1])
+    finally:
+        segment.close()
+
+
 def metric(text: str, line_start: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(line_start + " "):
@@ -161,50 +198,33 @@ async def test_a_high_priority_request_dispatches_before_queued_sheddable_ones(o
 async def test_a_higher_band_queued_in_another_worker_takes_the_room_first(
     one_at_a_time, tmp_path: Path
 ):
-    """Two workers on one shared segment, as `--workers 2` runs them: sheddable requests queue
-    in worker 0, critical ones in worker 1; when the engine frees, the critical ones go first,
-    although worker 0's requests were queued earlier."""
-    segment = PeerSegment(PeerLayout(workers=2, slots=8))
-    seats = [WorkerSeat(w, 2, segment.name, str(tmp_path / "changes.jsonl")) for w in (0, 1)]
-    settings = fast_settings(one_at_a_time.urls, flow_control=FLOW)
-    try:
-        async with (
-            running_proxy(settings, seat=seats[0]) as (url0, app0),
-            running_proxy(settings, seat=seats[1]) as (url1, app1),
-            httpx.AsyncClient(base_url=url0, timeout=60) as c0,
-            httpx.AsyncClient(base_url=url1, timeout=60) as c1,
-        ):
-            held = await blocker(c0, app0)
-            f0, f1 = Finishes(c0), Finishes(c1)
-            f1.order = f0.order  # one record of the order, whichever worker answered
-            for i in range(4):
-                f0.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
-                if i == 0:
-                    await eventually(lambda: engine_waiting(one_at_a_time) == 1)
-            await eventually(lambda: queued(app0) == 3, what="three sheddable requests queued")
+    """Two workers: sheddable requests queue in worker 0, critical ones in worker 1; when the
+    engine frees, the critical ones go first, although worker 0's requests were queued
+    earlier."""
+    async with two_workers(one_at_a_time, tmp_path, FLOW) as workers:
+        (app0, app1), (c0, c1) = workers.apps, workers.clients
+        held = await blocker(c0, app0)
+        f0, f1 = Finishes(c0), Finishes(c1)
+        f1.order = f0.order  # one record of the order, whichever worker answered
+        for i in range(4):
+            f0.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
+            if i == 0:
+                await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        await eventually(lambda: queued(app0) == 3, what="three sheddable requests queued")
+        await workers.full_to(1)
+        for i in range(2):
+            f1.send(f"critical{i}", {"x-gateway-inference-objective": "critical"})
+        await eventually(lambda: queued(app1) == 2, what="the critical requests queued")
 
-            def full_to_worker_1() -> bool:
-                # Its scrape and worker 0's load reach it on their own clocks, later on a
-                # loaded machine.
-                assert app1.flow is not None
-                return app1.flow.saturation(DEFAULT_MODEL, app1.core.clock.now()) >= 1.0
+        async def published() -> bool:
+            assert app0.flow is not None
+            return bool(app0.flow.workers_waiting() == {0: 3, 1: 2})
 
-            await eventually(full_to_worker_1, what="worker 1 seeing the pool full")
-            for i in range(2):
-                f1.send(f"critical{i}", {"x-gateway-inference-objective": "critical"})
-            await eventually(lambda: queued(app1) == 2, what="the critical requests queued")
-
-            async def published() -> bool:
-                assert app0.flow is not None
-                return bool(app0.flow.workers_waiting() == {0: 3, 1: 2})
-
-            await eventually(published, what="each worker seeing the other's queue")
-            await release(held)
-            answers = [*await f0.all(), *await f1.all()]
-            assert [r.status_code for r in answers] == [200] * 6
-            assert f0.order == ["batch0", "critical0", "critical1", "batch1", "batch2", "batch3"]
-    finally:
-        segment.close()
+        await eventually(published, what="each worker seeing the other's queue")
+        await release(held)
+        answers = [*await f0.all(), *await f1.all()]
+        assert [r.status_code for r in answers] == [200] * 6
+        assert f0.order == ["batch0", "critical0", "critical1", "batch1", "batch2", "batch3"]
 
 
 async def test_a_responses_request_queues_and_goes_by_its_priority(one_at_a_time, tmp_path: Path):
@@ -404,36 +424,70 @@ async def read_stream(
     return "".join(text), events
 
 
-async def test_preemption_suspends_a_sheddable_stream_and_resumes_it_token_exact(
-    one_at_a_time,
-):
-    # Any request on the engine fills the pool (its KV cache is over a tiny threshold), so the
-    # critical request queues while the sheddable stream runs.
-    saturation = {"queue_depth_threshold": 1, "kv_cache_util_threshold": 1e-6}
-    flow = {**FLOW, "preemption": True, "saturation": saturation}
-    settings = fast_settings(one_at_a_time.urls, flow_control=flow)
+# Any request on the engine fills the pool (its KV cache is over a tiny threshold), so the
+# critical request queues while the sheddable stream runs.
+PREEMPTING = {
+    **FLOW,
+    "preemption": True,
+    "saturation": {"queue_depth_threshold": 1, "kv_cache_util_threshold": 1e-6},
+}
+
+
+async def suspended_and_resumed(
+    streams: httpx.AsyncClient,
+    worker: FleetProxyApp,
+    critical_client: httpx.AsyncClient,
+    full: Callable[[], Awaitable[None]],
+) -> None:
+    """A sheddable stream sent through `streams` is suspended for a critical request sent
+    through `critical_client` once `full()` returns, and resumes token-exact after it is
+    answered; `worker`, the stream's, counts one preemption."""
     long_body = {**body(300), "stream": True}
     batch = {"x-gateway-inference-objective": "batch"}
     critical = {"x-gateway-inference-objective": "critical"}
+    reference, _ = await read_stream(streams, long_body, batch)  # alone: never suspended
+    await eventually(lambda: engine_running(worker) == 0, what="the engine idle again")
+    others: list[asyncio.Task[httpx.Response]] = []
+
+    async def crowd_in() -> None:
+        await full()
+        others.append(
+            asyncio.create_task(
+                critical_client.post("/v1/completions", json=body(), headers=critical)
+            )
+        )
+
+    text, events = await read_stream(streams, long_body, batch, crowd_in)
+    assert others[0].done()  # answered before the stream resumed
+    assert others[0].result().status_code == 200
+    assert not [e for e in events if "error" in e]
+    assert text == reference
+    metrics = (await streams.get("/metrics")).text
+    preempted = f'fleet_proxy_flow_control_preemptions_total{{model_name="{DEFAULT_MODEL}"}}'
+    assert metric(metrics, preempted) == 1
+
+
+async def test_preemption_suspends_a_sheddable_stream_and_resumes_it_token_exact(
+    one_at_a_time,
+):
+    settings = fast_settings(one_at_a_time.urls, flow_control=PREEMPTING)
     async with (
         running_proxy(settings) as (url, app),
         httpx.AsyncClient(base_url=url, timeout=120) as c,
     ):
-        reference, _ = await read_stream(c, long_body, batch)  # alone: never suspended
-        await eventually(lambda: engine_running(app) == 0, what="the engine idle again")
-        others: list[asyncio.Task[httpx.Response]] = []
 
-        async def crowd_in() -> None:
+        async def stream_scraped() -> None:
             await eventually(lambda: engine_running(app) == 1, what="a scrape of the stream")
-            others.append(
-                asyncio.create_task(c.post("/v1/completions", json=body(), headers=critical))
-            )
 
-        text, events = await read_stream(c, long_body, batch, crowd_in)
-        assert others[0].done()  # answered before the stream resumed
-        assert others[0].result().status_code == 200
-        assert not [e for e in events if "error" in e]
-        assert text == reference
-        metrics = (await c.get("/metrics")).text
-        preempted = f'fleet_proxy_flow_control_preemptions_total{{model_name="{DEFAULT_MODEL}"}}'
-        assert metric(metrics, preempted) == 1
+        await suspended_and_resumed(c, app, c, stream_scraped)
+
+
+async def test_a_critical_request_in_one_worker_preempts_a_stream_of_another(
+    one_at_a_time, tmp_path: Path
+):
+    """Two workers: worker 0 let a sheddable stream through, a critical request queues in
+    worker 1; worker 0 suspends its stream for it, and the stream resumes token-exact once
+    the critical request is answered."""
+    async with two_workers(one_at_a_time, tmp_path, PREEMPTING) as workers:
+        (app0, _), (c0, c1) = workers.apps, workers.clients
+        await suspended_and_resumed(c0, app0, c1, lambda: workers.full_to(1))
