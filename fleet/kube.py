@@ -110,8 +110,9 @@ class Gone(Exception):
     """HTTP 410: the resourceVersion is older than the server keeps; list again."""
 
 
-def watch_event(raw: Mapping[str, Any]) -> WatchEvent:
-    """One line of a watch stream as a `WatchEvent`; an ERROR of code 410 raises `Gone`."""
+def watch_line(raw: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    """(type, resourceVersion, object) of one line of any watch stream; an ERROR line raises
+    `Gone` for code 410, else RuntimeError."""
     kind = str(raw.get("type", ""))
     obj = raw.get("object") or {}
     if kind == "ERROR":
@@ -119,8 +120,13 @@ def watch_event(raw: Mapping[str, Any]) -> WatchEvent:
         if code == 410:
             raise Gone(str(obj.get("message", "resourceVersion too old")))
         raise RuntimeError(f"watch error {code}: {obj.get('message', obj)}")
+    return kind, str((obj.get("metadata") or {}).get("resourceVersion", "")), obj
+
+
+def watch_event(raw: Mapping[str, Any]) -> WatchEvent:
+    """One line of a pod watch stream as a `WatchEvent` (see `watch_line`)."""
+    kind, version, obj = watch_line(raw)
     etype = EventType(kind)
-    version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
     pod = None if etype is EventType.BOOKMARK else pod_from_json(obj)
     return WatchEvent(etype, version, pod)
 

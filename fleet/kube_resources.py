@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleet.kube import Gone
+from fleet.kube import Gone, watch_line
 
 log = logging.getLogger("fleet_proxy.discovery")
 
@@ -28,16 +28,8 @@ class ResourceEvent:
 
 
 def resource_event(raw: Mapping[str, Any]) -> ResourceEvent:
-    """One line of a watch stream; an ERROR of code 410 raises `Gone`, another RuntimeError."""
-    kind = str(raw.get("type", ""))
-    obj = raw.get("object") or {}
-    if kind == "ERROR":
-        code = obj.get("code")
-        if code == 410:
-            raise Gone(str(obj.get("message", "resourceVersion too old")))
-        raise RuntimeError(f"watch error {code}: {obj.get('message', obj)}")
-    version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-    return ResourceEvent(kind, version, obj)
+    """One line of a custom resources' watch stream (see `watch_line`)."""
+    return ResourceEvent(*watch_line(raw))
 
 
 class ResourceApi(Protocol):
