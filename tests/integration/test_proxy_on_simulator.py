@@ -19,6 +19,7 @@ from fleet.tokens import estimate_tokens
 from fleet.types import Backend
 from policies.policy import Decision, RequestContext
 from simulator.fleet import SimFleet, start_fleet
+from tests.support.openai_checks import chat_streams_as_it_answers
 from tests.support.polling import eventually, eventually_blocking
 from tests.support.servers import fast_settings, running_proxy
 
@@ -40,25 +41,7 @@ async def test_openai_sdk_through_proxy_to_simulated_vllm(fleet: SimFleet) -> No
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         comp = await client.completions.create(model=MODEL, prompt="Hello there", max_tokens=8)
         assert comp.usage is not None and comp.usage.completion_tokens == 8
-        chat = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6
-        )
-        assert chat.usage is not None and chat.usage.completion_tokens == 6
-        stream = await client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=6,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        text, usage = [], None
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                text.append(chunk.choices[0].delta.content)
-            usage = chunk.usage or usage
-        assert usage is not None and usage.completion_tokens == 6
-        # Deterministic engines: the same request gives the same text on either backend.
-        assert "".join(text) == chat.choices[0].message.content
+        await chat_streams_as_it_answers(client, MODEL)
         await client.close()
 
 

@@ -28,6 +28,7 @@ from tests.integration.policies.test_precise_prefix_on_simulator import (
     warm,
 )
 from tests.support.envoy import RunningEnvoy, bootstrap, envoy_binary, running_envoy
+from tests.support.openai_checks import chat_streams_as_it_answers
 from tests.support.polling import eventually
 from tests.support.processes import free_port
 from tests.support.servers import fast_settings
@@ -90,24 +91,7 @@ async def test_completions_and_chat_streamed_and_not_through_envoy(tmp_path: Pat
         assert raw.headers["x-served-by"] in engines
         comp = raw.parse()
         assert comp.usage is not None and comp.usage.completion_tokens == 8
-        chat = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6
-        )
-        assert chat.usage is not None and chat.usage.completion_tokens == 6
-        stream = await client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=6,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        text, usage = [], None
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                text.append(chunk.choices[0].delta.content)
-            usage = chunk.usage or usage
-        assert usage is not None and usage.completion_tokens == 6
-        assert "".join(text) == chat.choices[0].message.content
+        chat, usage = await chat_streams_as_it_answers(client, MODEL)
         pieces = []
         async for c in await client.completions.create(
             model=MODEL, prompt="Hello there", max_tokens=8, stream=True
