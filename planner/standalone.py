@@ -18,6 +18,7 @@ import httpx
 import yaml
 from prometheus_client import CollectorRegistry
 
+from fleet.log_setup import configure_logging
 from planner.assemble import build_planner, local_settings, observers
 from planner.config import PlannerConfig, PlannerRole
 from planner.config_file import config_fields, load_config
@@ -130,11 +131,7 @@ async def run(args: argparse.Namespace, config: PlannerConfig, local: LocalSetti
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(str(args.log_level))
     try:
         config = build_config(args)
         local = build_local_settings(args, config)

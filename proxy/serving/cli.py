@@ -185,8 +185,7 @@ def build_settings(args: argparse.Namespace) -> Settings:
 
 
 def run_reschedule(args: argparse.Namespace) -> int:
-    import logging
-
+    from fleet.log_setup import configure_logging
     from proxy.settings import ConfigError, load_settings
     from rescheduler.standalone import main as reschedule_main
 
@@ -196,10 +195,7 @@ def run_reschedule(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(settings.log_level)
     try:
         return reschedule_main(settings, args.proxy, args.admin_token, args.metrics_port)
     except ValueError as e:

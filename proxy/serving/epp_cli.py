@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
+from fleet.log_setup import configure_logging
 from proxy.gateway.objectives import FixedPriorities
 from proxy.gateway.options import EppOptions
 from proxy.gateway.shedding import Shedding
@@ -120,10 +120,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"fleet-proxy: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(settings.log_level)
     shedding = Shedding(
         args.saturation_queue_depth, args.saturation_kv_cache, FixedPriorities(priorities)
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from fleet.log_setup import configure_logging
 from proxy.settings import Settings
 from proxy.url_policy import listens_on_loopback
 
@@ -59,11 +60,7 @@ def run_serve(settings: Settings, model: str = "<model>") -> int:
     from proxy.serving.app import create_app
     from proxy.serving.front_door import AnnouncingServer, fit_open_files, uvicorn_config
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # One line per scrape would drown everything else.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(settings.log_level)
     try:
         app = create_app(settings)
     except (UnknownPolicy, ValueError) as e:

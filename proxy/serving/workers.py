@@ -25,7 +25,6 @@ see docs/performance.md.
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing
 import os
 import shutil
@@ -42,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+from fleet.log_setup import configure_logging
 from fleet.metrics_board import VERDICT_PAYLOAD, BoardLayout, BoardSegment
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from flowcontrol.rate_table import create_table_file
@@ -114,11 +114,7 @@ def worker_main(
     from proxy.serving.app import create_app
 
     settings = Settings(**settings_data)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [worker {seat.index}] %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(settings.log_level, f"[worker {seat.index}] ")
     app = create_app(settings, seat=seat)
     fit_open_files(settings.client_max_connections)
     server = GracefulServer(uvicorn_config(app, settings), settings.shutdown_grace_period, app.core)
