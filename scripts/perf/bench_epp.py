@@ -42,6 +42,7 @@ from bench_proxy_overhead import (  # noqa: E402
     cpu_seconds,
     free_port,
     process,
+    vllm_router_command,
     vllm_router_executable,
     wait_http,
     wrk,
@@ -192,22 +193,7 @@ def main() -> int:
         if router is not None:
             vr_port = free_port()
             vr = stack.enter_context(
-                process(
-                    [
-                        router,
-                        "--port",
-                        str(vr_port),
-                        "--policy",
-                        "round_robin",
-                        "--worker-urls",
-                        *backends,
-                        "--log-level",
-                        "warning",
-                        "--prometheus-port",
-                        str(free_port()),
-                    ],
-                    out_dir / "vllm-router.log",
-                )
+                process(vllm_router_command(router, vr_port, backends), out_dir / "vllm-router.log")
             )
             wait_http(f"http://127.0.0.1:{vr_port}/health", timeout=60)
             targets.append(("vllm-router", f"http://127.0.0.1:{vr_port}", {"vllm-router": vr.pid}))

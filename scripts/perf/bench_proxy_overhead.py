@@ -110,6 +110,13 @@ def worker_dispatched(base: str) -> list[int]:
         return [int(row["dispatched"]) for row in json.load(r)["rows"]]
 
 
+def vllm_router_command(exe: str, port: int, backends: list[str]) -> list[str]:
+    """vllm-router on `port` over `backends`, round robin (its cheapest policy), quiet, with
+    its metrics on a port of their own."""
+    cmd = [exe, "--port", str(port), "--policy", "round_robin", "--worker-urls", *backends]
+    return [*cmd, "--log-level", "warning", "--prometheus-port", str(free_port())]
+
+
 def pinned(cmd: list[str], cpus: str | None) -> list[str]:
     """`cmd` run on the given CPUs (taskset's list syntax, e.g. "0" or "2-7"), or as is."""
     return cmd if cpus is None else ["taskset", "-c", cpus, *cmd]
@@ -367,22 +374,7 @@ def main() -> int:
             vr_port = free_port()
             vr = stack.enter_context(
                 process(
-                    pinned(
-                        [
-                            exe,
-                            "--port",
-                            str(vr_port),
-                            "--policy",
-                            "round_robin",
-                            "--worker-urls",
-                            *backends,
-                            "--log-level",
-                            "warning",
-                            "--prometheus-port",
-                            str(free_port()),
-                        ],
-                        args.proxy_cpus,
-                    ),
+                    pinned(vllm_router_command(exe, vr_port, backends), args.proxy_cpus),
                     out_dir / "vllm-router.log",
                 )
             )
