@@ -23,12 +23,17 @@ class SaturationConfig(BaseModel):
     # How late an endpoint's scrape may be past `scrape_interval` before its numbers are not
     # trusted (and it counts as having no room).
     metrics_staleness_threshold: float = Field(0.2, ge=0, allow_inf_nan=False)
+    # The engines' `--max-num-seqs`. Set, an endpoint has room only while fewer requests run
+    # on it than this (the queue depth above no longer applies): nothing waits in the engines,
+    # so whatever flow control dispatches next is the next to run.
+    max_num_seqs: int | None = Field(None, ge=1)
 
     def thresholds(self, scrape_interval: float) -> SaturationThresholds:
         return SaturationThresholds(
             self.queue_depth_threshold,
             self.kv_cache_util_threshold,
             self.metrics_staleness_threshold + scrape_interval,
+            self.max_num_seqs,
         )
 
 
@@ -112,6 +117,13 @@ class FlowControlConfig(BaseModel):
     # waits on its saturated pool: it is cut after the tokens its client has, queued again in
     # its band, and continued token-exact when dispatched.
     preemption: bool = False
+    # Fairness by what runs, not only by what waits: inside a band, the room goes first to a
+    # waiting tenant running fewer requests than the one fairness picked; and while the pool
+    # is saturated, a waiting tenant running at least two fewer than the band's busiest takes
+    # a seat from it (that tenant's latest movable stream is suspended, queued again and
+    # continued token-exact, as with `preemption`). Best with `saturation.max_num_seqs`, so
+    # the freed seat is not taken by a request already waiting in the engine.
+    fair_share_preemption: bool = False
     # What a refused client is told to wait (seconds) before it tries again.
     retry_after: int = Field(1, ge=0)
     # Requests and tokens per minute per tenant, checked before a request queues.

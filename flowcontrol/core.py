@@ -8,7 +8,7 @@ No I/O, no clock of its own: the caller passes `now` and whether the pool is sat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -102,23 +102,33 @@ class FlowQueues:
         self._left(band, w.tenant, queue)
         return True
 
-    def decide(self, saturated: bool, now: float, elsewhere: int | None = None) -> list[Action]:
+    def decide(
+        self,
+        saturated: bool,
+        now: float,
+        elsewhere: int | None = None,
+        running: Callable[[int], Mapping[str, int]] | None = None,
+    ) -> list[Action]:
         """Expired requests to refuse, then, when the pool has room, one to dispatch (the
         caller accounts for it and asks again). `elsewhere`: the highest band waiting for
         this pool in another queue (another worker process); while it is above every band
-        here, the room is left to it, so strict priority holds across the queues."""
+        here, the room is left to it, so strict priority holds across the queues.
+        `running(priority)`: each tenant's requests running in that band; given, the room goes
+        to a waiting tenant running fewer than the one fairness picked (fewest first)."""
         actions: list[Action] = [Reject(w, TTL_EXPIRED) for w in self._expire(now)]
         if not saturated and self.count:
             top = self.top_priority()
             if elsewhere is None or top is None or top >= elsewhere:
-                actions.append(Dispatch(self._next(now)))
+                actions.append(Dispatch(self._next(now, running)))
         return actions
 
-    def _next(self, now: float) -> Waiting:
+    def _next(self, now: float, running: Callable[[int], Mapping[str, int]] | None) -> Waiting:
         for priority in self._order:  # strict: the highest band with anything waiting
             band = self._bands[priority]
             if band.count:
                 tenant = band.fairness.pick()
+                if running is not None and len(band.tenants) > 1:
+                    tenant = _fewest_running(tenant, band.tenants, running(priority))
                 queue = band.tenants[tenant]
                 w = self._ordering.pick(queue, now)
                 queue.remove(w)
@@ -159,6 +169,11 @@ class FlowQueues:
             self._order = sorted(self._bands, reverse=True)
         return band
 
+    def tenants(self, priority: int) -> list[str]:
+        """The tenants with requests waiting in the band of `priority`."""
+        band = self._bands.get(priority)
+        return list(band.tenants) if band is not None else []
+
     def top_priority(self) -> int | None:
         """The highest band with requests waiting; None when none waits."""
         for priority in self._order:
@@ -192,3 +207,20 @@ class FlowQueues:
                 }
             )
         return out
+
+
+def _fewest_running(picked: str, waiting: Iterable[str], running: Mapping[str, int]) -> str:
+    """`picked`, unless a waiting tenant runs fewer requests: then the one running fewest."""
+    fewest = min(waiting, key=lambda t: running.get(t, 0))
+    return fewest if running.get(fewest, 0) < running.get(picked, 0) else picked
+
+
+def fair_share_victim(waiting: list[str], running: dict[str, int]) -> str | None:
+    """The tenant of a band that gives up a running request to one waiting in it: the one
+    running the most, when that is at least two more than the waiting tenant running the
+    fewest (after the move it still runs as many as that one: no seat ping-pongs back)."""
+    if not waiting or not running:
+        return None
+    poorest = min(running.get(t, 0) for t in waiting)
+    richest = max(running, key=running.__getitem__)
+    return richest if running[richest] >= poorest + 2 else None

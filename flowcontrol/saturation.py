@@ -9,6 +9,11 @@ is `waiting + in_flight - in_flight_at_scrape` (room shows the moment a request 
 scrape later: the pool stays busy). With no queue at the scrape, requests the proxy has sent
 beyond what the engine reports running count as waiting, so a burst dispatched between two
 scrapes cannot overfill an endpoint the scrape still shows empty.
+
+With the engines' sequence slots configured (`max_num_seqs`), an endpoint has room only while
+a slot is free: the proxy's requests on it, plus any other client's the scrape showed, are
+fewer than the slots. Nothing then waits in an engine's queue, so a request the proxy
+dispatches takes the next free slot rather than queueing behind ones dispatched earlier.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ class SaturationThresholds:
     kv_cache_util: float = 0.8
     # Seconds since a scrape past which its numbers are not trusted.
     metrics_staleness: float = 0.2
+    # Each engine's sequence slots (its --max-num-seqs), when known: then an endpoint has room
+    # only while one is free, and no request waits in an engine's queue.
+    seats: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +54,17 @@ def endpoint_load(s: EndpointSignals, t: SaturationThresholds) -> float:
         queued = max(0.0, s.waiting + s.in_flight - s.in_flight_at_scrape)
     else:
         queued = s.waiting + max(0.0, s.in_flight - s.running - s.waiting)
-    return max(queued / t.queue_depth, s.kv_usage / t.kv_cache_util)
+    kv = s.kv_usage / t.kv_cache_util
+    seats = t.seats
+    if seats is None:
+        return max(queued / t.queue_depth, kv)
+    if s.waiting > 0 and queued > 0:
+        return math.inf  # a queue the engine showed is still there
+    # Its requests and those others sent it (beyond this proxy's, as the scrape showed).
+    others = 0.0
+    if s.in_flight_at_scrape is not None:
+        others = max(0.0, s.running + s.waiting - s.in_flight_at_scrape)
+    return max((s.in_flight + others) / seats, kv)
 
 
 def pool_saturation(signals: Iterable[EndpointSignals], t: SaturationThresholds) -> float:

@@ -58,6 +58,8 @@ class FlowTicket(NamedTuple):
     program: str | None
     key: int = 0  # which admission this is, unique in its process
     rate: RateCharge | None = None  # None: its tenant has no rate limits
+    # Backends with no room when it was let through: routed elsewhere when another can take it.
+    avoid: tuple[str, ...] = ()
 
 
 class FlowControl(Protocol):

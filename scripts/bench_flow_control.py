@@ -5,9 +5,11 @@ paired runs: the mean difference with its 95% interval (Student's t over the rep
 
 - `noisy`: a quiet tenant A sends short streamed requests at a steady rate (`--quiet-rate`
   per second, open loop), a noisy tenant B keeps `--noisy-factor` times the fleet's sequences
-  (`engines x max_num_seqs`) of ~8k-character prompts in flight. Variants: A `alone`, no flow
-  control (`off`), flow control as one FIFO queue (`fifo`: every request one tenant), and
-  `round_robin` and `token_weighted` fairness. Prints A's TTFT p50 / p90 (baseline: alone).
+  (`engines x max_num_seqs`) of ~8k-character streamed prompts in flight. Variants: A
+  `alone`, no flow control (`off`), flow control as one FIFO queue (`fifo`: every request
+  one tenant), `round_robin` and `token_weighted` fairness, the engines' seats configured
+  (`seats`: nothing waits in an engine), and seats with fair-share preemption
+  (`fair_share`). Prints A's TTFT p50 / p90 (baseline: alone) and B's answers.
 - `priorities`: twice the fleet's sequences in flight, half critical streams and half
   sheddable (batch) ones; without flow control, with it, and with it and preemption. Prints
   the critical band's TTFT SLO attainment (`--ttft-slo`), the client errors, the tokens the
@@ -63,12 +65,16 @@ PROFILES = REPO / "simulator" / "profiles"
 HOLD_EARLY = {"saturation": {"queue_depth_threshold": 1}}
 # Every request one tenant: the fairness header is one no client sends.
 ONE_QUEUE = {"fairness_header": "x-bench-nobody-sends-this"}
+SEATS = "engine seats"  # a placeholder for --max-num-seqs
 NOISY: dict[str, dict[str, Any] | None] = {
     "alone": None,
     "off": None,
     "fifo": {**HOLD_EARLY, **ONE_QUEUE},
     "round_robin": {**HOLD_EARLY, "fairness": "round_robin"},
     "token_weighted": {**HOLD_EARLY, "fairness": "token_weighted"},
+    # The engines' seats (`--max-num-seqs`, filled in when run): nothing waits in an engine.
+    "seats": {"saturation": {"max_num_seqs": SEATS}},
+    "fair_share": {"saturation": {"max_num_seqs": SEATS}, "fair_share_preemption": True},
 }
 BANDS = {"objectives": {"critical": 10, "batch": -1}}
 PRIORITIES: dict[str, dict[str, Any] | None] = {
@@ -222,10 +228,13 @@ async def tenant_loop(
     client: httpx.AsyncClient, tenant: str, prompt: str, max_tokens: int, until: float,
     statuses: dict[int, int],
 ) -> None:  # fmt: skip
-    """One closed-loop client: its next request as soon as the last is answered."""
+    """One closed-loop client of streamed requests: its next as soon as the last is answered."""
     headers = {"x-gateway-fairness-id": tenant}
     while time.monotonic() < until:
-        r = await client.post("/v1/completions", json=body(prompt, max_tokens), headers=headers)
+        payload = body(prompt, max_tokens, stream=True)
+        async with client.stream("POST", "/v1/completions", json=payload, headers=headers) as r:
+            async for _ in r.aiter_bytes():
+                pass
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         if r.status_code != 200:
             await asyncio.sleep(0.05)  # refused: back off a little, as a client would
@@ -248,6 +257,8 @@ async def steady_tenant(
 async def noisy(
     fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
+    if flow is not None and flow.get("saturation", {}).get("max_num_seqs") == SEATS:
+        flow = {**flow, "saturation": {"max_num_seqs": args.max_num_seqs}}
     async with serving(fleet, flow, args.processes) as c:
         until = time.monotonic() + args.duration
         quiet = StreamTally()
@@ -262,7 +273,9 @@ async def noisy(
             crowd = args.noisy_factor * args.engines * args.max_num_seqs
             runs += [tenant_loop(c, "noisy", LONG_PROMPT, 32, until, loud) for _ in range(crowd)]
         await asyncio.gather(*runs)
+        preempted = await metric_sum(c, "fleet_proxy_flow_control_preemptions_total")
     return {
+        "preemptions": preempted,
         "A TTFT p50 ms": quantile(quiet.ttfts, 0.5) * 1000,
         "A TTFT p90 ms": quantile(quiet.ttfts, 0.9) * 1000,
         "A answered": len(quiet.ttfts),

@@ -205,8 +205,10 @@ class Forwarder:
                     self.core, self.legs, scope["path"], ctx, body, upstream, send, arrived,
                     self._movability(ctx),
                 )  # fmt: skip
-                if ticket is not None and ticket.rate is not None:
-                    session.answer_headers = ticket.rate.headers
+                if ticket is not None:
+                    session.avoid = ticket.avoid
+                    if ticket.rate is not None:
+                        session.answer_headers = ticket.rate.headers
                 status = await self._serve(receive, session)
             except ProxyError as e:
                 status = e.status

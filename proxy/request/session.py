@@ -104,6 +104,7 @@ class RequestSession:
         "answer",
         "answer_headers",
         "arrived",
+        "avoid",
         "ctx",
         "dispatch",
         "first_body",
@@ -148,6 +149,8 @@ class RequestSession:
         self._opening_down: str | None = None  # it was found down before the request was written
         self.dispatch = Dispatch(None, 0)
         self.tried: list[str] = []  # backend ids of first-leg attempts, in order
+        # Backends flow control saw with no room: the first leg goes elsewhere if it can.
+        self.avoid: tuple[str, ...] = ()
         self._failed_in_row = 0  # backends that failed under this request one after another
         # The error that stopped the request after too many of those: it goes to no other.
         self.stopped: ProxyError | None = None
@@ -429,7 +432,9 @@ class RequestSession:
         larger), or `max_held_answer_bytes` for one that may need the OpenAI error shape."""
         ctx = self.ctx
         legs = self._legs
-        decision = legs.chooser.choose(ctx, self.tried, first=True)
+        avoid = self.avoid
+        exclude = [*self.tried, *avoid] if avoid else self.tried
+        decision = legs.chooser.choose(ctx, exclude, first=True)
         backend = decision.target
         self.tried.append(backend.id)
         headers = self.leg_headers()

@@ -27,11 +27,19 @@ from prometheus_client.registry import Collector
 
 from fleet.peer_load import QueueSummary, pool_key
 from flowcontrol.config import FlowControlConfig
-from flowcontrol.core import BAND_FULL, TENANT_FULL, TTL_EXPIRED, BandLimits, FlowQueues, Reject
+from flowcontrol.core import (
+    BAND_FULL,
+    TENANT_FULL,
+    TTL_EXPIRED,
+    BandLimits,
+    FlowQueues,
+    Reject,
+    fair_share_victim,
+)
 from flowcontrol.identity import Identify, Identity
 from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, Waiting
 from flowcontrol.rate_table import RateTable
-from flowcontrol.saturation import EndpointSignals, pool_saturation
+from flowcontrol.saturation import EndpointSignals, endpoint_load
 from policies.policy import RequestContext
 from proxy.asgi import Receive
 from proxy.errors import ProxyError
@@ -49,6 +57,9 @@ OUTCOMES = {
     TENANT_FULL: "RejectedCapacity",
 }
 CLIENT_LEFT = "EvictedContextCancelled"
+# Why a stream was suspended: the `reason` label of the preemption counter.
+PRIORITY = "priority"
+FAIR_SHARE = "fair_share"
 
 
 class WorkerPeers(Protocol):
@@ -115,6 +126,11 @@ class FlowGate:
         self._sheddable: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
         self._suspending: dict[str, asyncio.Task[Any]] = {}
         self._suspended: set[int] = set()
+        # With `fair_share_preemption`: per pool, every request it let through (running, or
+        # suspended and waiting again), by ticket key.
+        self._running: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
+        # Per pool, the backends that had no room at its last check that found room.
+        self._no_room: dict[str, tuple[str, ...]] = {}
         # With several workers: the other worker processes (`join`), and each pool's key in
         # the rows they share.
         self._peers: WorkerPeers | None = None
@@ -204,7 +220,10 @@ class FlowGate:
         ):
             self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
             self._observe(who.tenant, who.priority, model, DISPATCHED, 0.0)
-            ticket = FlowTicket(who.tenant, who.priority, 0.0, ctx.program_id, next(self._seq))
+            ticket = FlowTicket(
+                who.tenant, who.priority, 0.0, ctx.program_id, next(self._seq),
+                avoid=self._no_room.get(model, ()),
+            )  # fmt: skip
             return self._admitted(ctx, ticket)
         pool, w = self._waiting(model, who.tenant, who.priority, ctx, now)
         slot = self._enqueue(pool, w, model)
@@ -224,7 +243,10 @@ class FlowGate:
         if error is not None:
             raise error
         self._observe(w.tenant, w.priority, model, DISPATCHED, waited)
-        return self._admitted(ctx, FlowTicket(w.tenant, w.priority, waited, w.program, w.seq))
+        ticket = FlowTicket(
+            w.tenant, w.priority, waited, w.program, w.seq, avoid=self._no_room.get(model, ())
+        )
+        return self._admitted(ctx, ticket)
 
     def _behind_peers(self, model: str, priority: int) -> bool:
         """A higher band waits for `model` in another worker: the room is its."""
@@ -267,6 +289,8 @@ class FlowGate:
         return dispatched
 
     def _admitted(self, ctx: RequestContext, ticket: FlowTicket) -> FlowTicket:
+        if self._config.fair_share_preemption:
+            self._running.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
         if self._config.preemption and ticket.priority < 0 and ctx.stream:
             self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
             if self._peers is not None:
@@ -276,6 +300,10 @@ class FlowGate:
     def done(self, ticket: FlowTicket, finished: FinishedRequest | None) -> None:
         if self._sheddable:
             self._forget_sheddable(ticket.key)
+        if self._running:
+            for running in self._running.values():
+                if running.pop(ticket.key, None) is not None:
+                    break
         if ticket.rate is not None and self._rates is not None:
             self._rates.settle(ticket.tenant, ticket.rate, finished)
         completion_tokens = finished.completion_tokens if finished is not None else None
@@ -301,6 +329,7 @@ class FlowGate:
         room). With no candidate at all, 0: routing answers such a request at once (404 or
         503), waiting would only delay that."""
         signals = []
+        ids = []
         for b in self._core.fleet.candidates(model, now):
             snap = b.snapshot
             if snap is None:
@@ -317,9 +346,15 @@ class FlowGate:
                     snap.in_flight,
                 )
             )
+            ids.append(b.spec.id)
         if not signals:
             return 0.0
-        return pool_saturation(signals, self._thresholds)
+        loads = [endpoint_load(s, self._thresholds) for s in signals]
+        level = min(loads)
+        if level < 1.0:
+            # Late binding: the request dispatched now is routed among those with room.
+            self._no_room[model] = tuple(i for i, x in zip(ids, loads, strict=True) if x >= 1.0)
+        return level
 
     # --- the dispatch loop: runs while anything waits
 
@@ -370,7 +405,15 @@ class FlowGate:
                 top = pool.top_priority()
                 if top is not None:
                     self._preempt(model, top if elsewhere is None else max(top, elsewhere))
-            for action in pool.decide(full, now, elsewhere):
+            if (
+                full
+                and not routing
+                and self._config.fair_share_preemption
+                and model not in self._suspending
+            ):
+                self._preempt_for_share(model, pool)
+            shares = self._shares(model) if self._config.fair_share_preemption else None
+            for action in pool.decide(full, now, elsewhere, shares):
                 slot = self._waiters.get(action.request.seq)
                 if slot is None or slot.done():
                     continue
@@ -401,6 +444,41 @@ class FlowGate:
             if self.saturation(model, now) >= 1.0:
                 self._preempt(model, elsewhere)
 
+    def _shares(self, model: str) -> Callable[[int], dict[str, int]]:
+        """Per band, each tenant's requests running in `model`'s pool (suspended ones not).
+        A pass over the pool's running requests: made only with `fair_share_preemption`, and
+        only while requests wait."""
+
+        def counts(priority: int) -> dict[str, int]:
+            return {t: len(r) for t, r in self._running_by_tenant(model, priority).items()}
+
+        return counts
+
+    def _running_by_tenant(
+        self, model: str, priority: int
+    ) -> dict[str, list[tuple[FlowTicket, RequestContext]]]:
+        running: dict[str, list[tuple[FlowTicket, RequestContext]]] = {}
+        for t, ctx in self._running.get(model, {}).values():
+            if t.priority == priority and t.key not in self._suspended:
+                running.setdefault(t.tenant, []).append((t, ctx))
+        return running
+
+    def _preempt_for_share(self, model: str, pool: FlowQueues) -> None:
+        """A tenant waiting in the top band runs at least two fewer requests there than the
+        band's busiest tenant: suspend that tenant's latest movable stream."""
+        top = pool.top_priority()
+        if top is None:
+            return
+        running = self._running_by_tenant(model, top)
+        victim = fair_share_victim(pool.tenants(top), {t: len(r) for t, r in running.items()})
+        if victim is None:
+            return
+        # The latest to start first: it has the least to lose.
+        for ticket, ctx in sorted(running[victim], key=lambda r: -r[0].key):
+            if self._suspend(model, ticket, ctx, FAIR_SHARE):
+                log.info("request %s suspended for another tenant's share", ctx.request_id)
+                return
+
     def _preempt(self, model: str, top: int) -> None:
         """Suspend the latest sheddable stream of a lower band than `top`, the highest one
         waiting (here or in another worker)."""
@@ -411,24 +489,29 @@ class FlowGate:
         ]
         # The lowest band first; in it the latest to start, which has the least to lose.
         for ticket, ctx in sorted(running, key=lambda r: (r[0].priority, -r[0].key)):
-            entries = self._core.live.find(ctx.request_id)
-            if len(entries) != 1:
-                continue  # a request id shared by several clients: not this one to guess
-            entry = entries[0]
-            if not entry.running or entry.movable_reason(planned=True):
-                continue
-            self._suspended.add(ticket.key)
+            if self._suspend(model, ticket, ctx, PRIORITY):
+                log.info("request %s suspended for a priority %d request", ctx.request_id, top)
+                return
 
-            async def hold(ticket: FlowTicket = ticket, ctx: RequestContext = ctx) -> None:
-                await self._requeue(model, ticket, ctx)
+    def _suspend(self, model: str, ticket: FlowTicket, ctx: RequestContext, reason: str) -> bool:
+        """Suspend `ctx`'s stream, to be queued again in its band (False: not movable now)."""
+        entries = self._core.live.find(ctx.request_id)
+        if len(entries) != 1:
+            return False  # a request id shared by several clients: not this one to guess
+        entry = entries[0]
+        if not entry.running or entry.movable_reason(planned=True):
+            return False
+        self._suspended.add(ticket.key)
 
-            task = asyncio.create_task(entry.move(None, "preempted", kind="recompute", hold=hold))
-            self._suspending[model] = task
-            task.add_done_callback(functools.partial(self._suspension_over, model, ticket.key))
-            if self._preempted is not None:
-                self._preempted.labels(model).inc()
-            log.info("request %s suspended for a priority %d request", ctx.request_id, top)
-            return
+        async def hold(ticket: FlowTicket = ticket, ctx: RequestContext = ctx) -> None:
+            await self._requeue(model, ticket, ctx)
+
+        task = asyncio.create_task(entry.move(None, "preempted", kind="recompute", hold=hold))
+        self._suspending[model] = task
+        task.add_done_callback(functools.partial(self._suspension_over, model, ticket.key))
+        if self._preempted is not None:
+            self._preempted.labels(model, reason).inc()
+        return True
 
     async def _requeue(self, model: str, ticket: FlowTicket, ctx: RequestContext) -> None:
         """A suspended stream waits in its band again; raises the refusal (TTL, capacity)."""
@@ -500,8 +583,9 @@ class FlowGate:
         )
         self._preempted = Counter(
             "fleet_proxy_flow_control_preemptions",
-            "Sheddable streams suspended for a higher band's waiting request",
-            ["model_name"],
+            "Streams suspended and queued again: for a higher band's waiting request "
+            "(reason priority) or for a tenant of the same band below its share (fair_share)",
+            ["model_name", "reason"],
             registry=registry,
         )
         registry.register(_FlowCollector(self))

@@ -463,7 +463,10 @@ async def suspended_and_resumed(
     assert not [e for e in events if "error" in e]
     assert text == reference
     metrics = (await streams.get("/metrics")).text
-    preempted = f'fleet_proxy_flow_control_preemptions_total{{model_name="{DEFAULT_MODEL}"}}'
+    preempted = (
+        "fleet_proxy_flow_control_preemptions_total"
+        f'{{model_name="{DEFAULT_MODEL}",reason="priority"}}'
+    )
     assert metric(metrics, preempted) == 1
 
 
@@ -491,3 +494,99 @@ async def test_a_critical_request_in_one_worker_preempts_a_stream_of_another(
     async with two_workers(one_at_a_time, tmp_path, PREEMPTING) as workers:
         (app0, _), (c0, c1) = workers.apps, workers.clients
         await suspended_and_resumed(c0, app0, c1, lambda: workers.full_to(1))
+
+
+@pytest.fixture
+async def two_seats() -> AsyncIterator[SimFleet]:
+    profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=2)
+    async with await start_fleet(1, profile=profile, speed=4.0) as f:
+        yield f
+
+
+FAIR_SHARE: dict[str, Any] = {"saturation": {"max_num_seqs": 2}, "fair_share_preemption": True}
+
+
+async def test_with_the_seats_known_requests_wait_in_the_proxy_not_the_engine(two_seats):
+    async with (
+        running_proxy(fast_settings(two_seats.urls, flow_control=FAIR_SHARE)) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=120) as c,
+    ):
+        long = [asyncio.create_task(c.post("/v1/completions", json=body(100_000))) for _ in "ab"]
+        await eventually(lambda: engine_running(app) == 2, what="both seats taken")
+        f = Finishes(c)
+        for label in "xyz":
+            f.send(label, {})
+        await eventually(lambda: queued(app) == 3, what="three requests queued in the proxy")
+        assert engine_waiting(two_seats) == 0
+        for task in long:
+            await release(task)
+        assert [r.status_code for r in await f.all()] == [200, 200, 200]
+        assert f.order == ["x", "y", "z"]
+
+
+async def test_a_tenant_below_its_share_takes_a_seat_and_the_stream_resumes_token_exact(
+    two_seats,
+):
+    """Tenant `noisy` runs two streams on the engine's two seats; tenant `quiet` asks. The
+    later stream is suspended, `quiet` is answered while it waits, and it resumes
+    token-exact."""
+    async with (
+        running_proxy(fast_settings(two_seats.urls, flow_control=FAIR_SHARE)) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=120) as c,
+    ):
+        noisy = {"x-gateway-fairness-id": "noisy"}
+        quiet = {"x-gateway-fairness-id": "quiet"}
+        long_body = {**body(300), "stream": True}
+        reference, _ = await read_stream(c, long_body, noisy)  # alone: never suspended
+        await eventually(lambda: engine_running(app) == 0, what="the engine idle again")
+        first = asyncio.create_task(c.post("/v1/completions", json=body(100_000), headers=noisy))
+        await eventually(lambda: engine_running(app) == 1, what="the first stream running")
+        answered: list[httpx.Response] = []
+
+        async def quiet_asks() -> None:
+            await eventually(lambda: engine_running(app) == 2, what="both seats taken")
+            answered.append(await c.post("/v1/completions", json=body(), headers=quiet))
+
+        text, events = await read_stream(c, long_body, noisy, quiet_asks)
+        assert [r.status_code for r in answered] == [200]  # while the stream was suspended
+        assert not [e for e in events if "error" in e]
+        assert text == reference
+        assert not first.done()  # the earlier stream kept its seat throughout
+        await release(first)
+        metrics = (await c.get("/metrics")).text
+        preempted = (
+            "fleet_proxy_flow_control_preemptions_total"
+            f'{{model_name="{DEFAULT_MODEL}",reason="fair_share"}}'
+        )
+        assert metric(metrics, preempted) == 1
+
+
+async def test_a_dispatched_request_is_routed_to_the_backend_with_room():
+    """Two one-seat engines and round robin: the request dispatched when one frees goes
+    there, not to the engine round robin's turn names (busy with a long request)."""
+    profile = load_profile(DEFAULT_PROFILE).with_overrides(max_num_seqs=1)
+    flow = {"saturation": {"max_num_seqs": 1}}
+    async with (
+        await start_fleet(2, profile=profile, speed=4.0) as fleet,
+        running_proxy(fast_settings(fleet.urls, flow_control=flow, policy="round_robin")) as (
+            url,
+            app,
+        ),
+        httpx.AsyncClient(base_url=url, timeout=120) as c,
+    ):
+
+        def running() -> float:
+            return sum(b.snapshot.metrics.running for b in app.core.fleet if b.snapshot)
+
+        kept = asyncio.create_task(c.post("/v1/completions", json=body(100_000)))
+        await eventually(lambda: running() == 1, what="the first long request running")
+        freed = asyncio.create_task(c.post("/v1/completions", json=body(100_000)))
+        await eventually(lambda: running() == 2, what="both engines busy")
+        queued_one = asyncio.create_task(c.post("/v1/completions", json=body()))
+        await eventually(lambda: queued(app) == 1, what="the third request queued")
+        await release(freed)
+        done, _ = await asyncio.wait([queued_one], timeout=60)
+        assert done, "the dispatched request went to the engine still busy"
+        assert queued_one.result().status_code == 200
+        assert not kept.done()
+        await release(kept)

@@ -13,6 +13,7 @@ from flowcontrol.core import (
     Dispatch,
     FlowQueues,
     Reject,
+    fair_share_victim,
 )
 from flowcontrol.policies import (
     FirstComeFirstServed,
@@ -235,3 +236,49 @@ def test_room_goes_to_a_higher_band_waiting_in_another_queue() -> None:
     assert qs.q.decide(False, 11.5, elsewhere=3) == [Dispatch(late)]
     qs.add("b", -1, now=11.5)
     assert qs.q.decide(False, 12.0, elsewhere=None) != []
+
+
+def test_with_running_counts_the_room_goes_to_the_tenant_running_fewest() -> None:
+    qs = Queues()
+    qs.add("noisy", now=0.0)
+    qs.add("noisy", now=0.1)
+    qs.add("quiet", now=0.2)
+    running = {0: {"noisy": 7, "quiet": 1}}
+    # Round robin would serve noisy first (it has waited longest); quiet runs 6 fewer.
+    first = qs.q.decide(False, 1.0, running=running.__getitem__)
+    assert [a.request.tenant for a in first] == ["quiet"]
+    # Level (or the picked tenant running fewer): fairness decides as without counts.
+    running[0] = {"noisy": 1, "quiet": 1}
+    qs.add("quiet", now=0.3)
+    assert [a.request.tenant for a in qs.q.decide(False, 1.0, running=running.__getitem__)] == [
+        "noisy"
+    ]
+
+
+def test_running_counts_are_read_per_band_and_only_among_waiting_tenants() -> None:
+    qs = Queues()
+    qs.add("a", 5)
+    qs.add("b", 0)
+    asked: list[int] = []
+
+    def running(priority: int) -> dict[str, int]:
+        asked.append(priority)
+        return {"a": 9, "b": 0}
+
+    # The higher band goes first whatever it runs, and with one tenant waiting there, no
+    # counts are needed.
+    assert [a.request.tenant for a in qs.q.decide(False, 1.0, running=running)] == ["a"]
+    assert asked == []
+
+
+def test_the_fair_share_victim_runs_at_least_two_more_than_the_poorest_waiting_tenant() -> None:
+    assert fair_share_victim(["quiet"], {"noisy": 8}) == "noisy"
+    assert fair_share_victim(["quiet"], {"noisy": 8, "quiet": 6}) == "noisy"
+    # One more only: after a move the other would run more, and the seat would move back.
+    assert fair_share_victim(["quiet"], {"noisy": 8, "quiet": 7}) is None
+    # The waiting tenant is itself the busiest: nothing to take.
+    assert fair_share_victim(["noisy"], {"noisy": 8}) is None
+    # Several waiting: measured against the one running fewest; the busiest gives a seat.
+    assert fair_share_victim(["b", "c"], {"a": 5, "b": 4, "c": 1}) == "a"
+    assert fair_share_victim([], {"a": 5}) is None
+    assert fair_share_victim(["a"], {}) is None

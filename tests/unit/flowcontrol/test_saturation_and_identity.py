@@ -70,6 +70,30 @@ def test_the_pool_is_saturated_only_when_no_endpoint_has_room() -> None:
     assert pool_saturation([full, free], T) == 1 / 5
 
 
+SEATS = SaturationThresholds(seats=4)
+
+
+def test_with_the_engines_seats_known_an_endpoint_has_room_only_while_one_is_free() -> None:
+    # The queue-depth threshold no longer lets requests wait in the engine.
+    assert endpoint_load(signals(running=3, in_flight=3), SEATS) == 3 / 4
+    assert saturated([signals(running=4, in_flight=4)], SEATS)
+    # Sent since the scrape and not shown running yet: they hold seats all the same.
+    assert saturated([signals(running=1, in_flight=4)], SEATS)
+    # Another client's requests the scrape showed take seats too.
+    other = EndpointSignals(0, 3, 0.0, 0.05, in_flight=1, in_flight_at_scrape=1)
+    assert endpoint_load(other, SEATS) == 3 / 4
+    # A queue the engine showed is still there until as many requests ended as waited.
+    queue = {"waiting": 1, "running": 4, "kv_usage": 0.0, "scrape_age": 0.0}
+    assert endpoint_load(EndpointSignals(**queue, in_flight=5, in_flight_at_scrape=5), SEATS) == (
+        math.inf
+    )
+    assert not saturated([EndpointSignals(**queue, in_flight=3, in_flight_at_scrape=5)], SEATS)
+    # The KV threshold and staleness apply as before.
+    assert saturated([signals(kv=0.8)], SEATS)
+    assert saturated([signals(age=0.21)], SEATS)
+    assert SaturationConfig.model_validate({"max_num_seqs": 4}).thresholds(0.2).seats == 4
+
+
 def ident(**config: object) -> Identify:
     return Identify(FlowControlConfig.model_validate(config))
 
