@@ -3,6 +3,7 @@ policy's pick among them; and the questions a planned move asks of those candida
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 
 from fleet.types import Backend
@@ -31,11 +32,15 @@ class BackendChooser:
         *,
         first: bool,
         required: Backend | None = None,
+        avoid: Collection[str] = (),
     ) -> Decision:
         """The policy's pick among routable backends serving the model, not in `exclude`.
 
         For a first leg, when every candidate was excluded (tried), a healthy one again: a lone
         backend that timed out once deserves a second chance. A continuation never goes back.
+        `avoid`: backends to pass over when the policy can pick among the others (flow
+        control saw no room on them); when it cannot (a prefill/decode policy left without a
+        decode backend, say), they are candidates as any other.
         """
         core = self._core
         now = core.clock.now()
@@ -56,6 +61,11 @@ class BackendChooser:
             ):
                 raise model_not_found(ctx.model)
             raise _unavailable(f"no healthy backend serves model `{ctx.model}` right now")
+        if avoid:
+            preferred = [b for b in candidates if b.id not in avoid]
+            if preferred and len(preferred) < len(candidates):
+                with contextlib.suppress(NoCandidate):
+                    return core.policy.pick(ctx, preferred, now)
         try:
             return core.policy.pick(ctx, candidates, now)
         except NoCandidate as e:

@@ -432,9 +432,7 @@ class RequestSession:
         larger), or `max_held_answer_bytes` for one that may need the OpenAI error shape."""
         ctx = self.ctx
         legs = self._legs
-        avoid = self.avoid
-        exclude = [*self.tried, *avoid] if avoid else self.tried
-        decision = legs.chooser.choose(ctx, exclude, first=True)
+        decision = legs.chooser.choose(ctx, self.tried, first=True, avoid=self.avoid)
         backend = decision.target
         self.tried.append(backend.id)
         headers = self.leg_headers()
