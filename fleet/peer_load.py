@@ -11,6 +11,7 @@ see one cell newer than the next, which a load estimate tolerates):
     header:  MAGIC, VERSION, workers, slots
     row w:   pid, dispatched, ticks, routable, applied, waiting, top_priority, top_pool,
              published_ms, 0,
+             8 tenant entries: pool, priority, tenant, running, waiting (tenant 0: unused),
              then per slot: generation, in_flight, pending, decodes
 
 (`routable`: backends the worker can route to; `applied`: how far into the change log it has
@@ -19,7 +20,9 @@ applied fleet changes. Both let an operator or a test see that every worker is i
 `top_priority` and `top_pool`: the highest band waiting there and its pool's `pool_key` (0: none
 waits), so a worker leaves a pool's room to a higher band waiting in another; `published_ms`:
 when the row was last written, on the system-wide monotonic clock, so a row nobody updates any
-more is not believed.)
+more is not believed. The tenant entries: with fair-share preemption, the requests each tenant
+runs and has waiting in a band of a pool in this worker, those with requests waiting first,
+so every worker compares tenants by what they run in the whole proxy.)
 
 A slot is keyed by backend id in `SlotTable`. Every worker builds the same table without talking to
 the others: the configured backends take slots 0.. in order, and later admin changes are applied by
@@ -32,6 +35,7 @@ change: cells of another generation are not counted.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Iterable, MutableSequence, Sequence
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
@@ -39,9 +43,12 @@ from multiprocessing.shared_memory import SharedMemory
 from fleet.types import Backend
 
 MAGIC = 0x466C656574506565  # "FleetPee"
-VERSION = 2
+VERSION = 3
 HEADER = 4
-ROW_HEADER = 10
+TENANT_ENTRIES = 8
+ENTRY = 5
+TENANTS_AT = 10  # where a row's tenant entries start
+ROW_HEADER = TENANTS_AT + TENANT_ENTRIES * ENTRY
 CELL = 4
 INITIAL_GENERATION = 1
 DEFAULT_SLOTS = 512
@@ -50,6 +57,7 @@ DEFAULT_SLOTS = 512
 PID, DISPATCHED, TICKS, ROUTABLE, APPLIED, WAITING = 0, 1, 2, 3, 4, 5
 TOP_PRIORITY, TOP_POOL, PUBLISHED_MS = 6, 7, 8
 GENERATION, IN_FLIGHT, PENDING, DECODES = 0, 1, 2, 3
+E_POOL, E_PRIORITY, E_TENANT, E_RUNNING, E_WAITING = 0, 1, 2, 3, 4
 
 
 class LayoutMismatch(RuntimeError):
@@ -163,23 +171,46 @@ class WorkerRow:
     top_priority: int = 0
     top_pool: int = 0  # 0: nothing waits
     published_ms: int = 0
+    tenants: tuple[TenantLoad, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    """A tenant's requests in one band of one pool of a worker: running, and waiting there."""
+
+    pool: int  # pool_key
+    priority: int
+    tenant: int  # tenant_key
+    running: int
+    waiting: int
 
 
 @dataclass(frozen=True, slots=True)
 class QueueSummary:
-    """What a worker's flow-control queues hold, as the others see it: how many wait, and the
-    highest band waiting with its pool's `pool_key` (0: none)."""
+    """What a worker's flow-control queues hold, as the others see it: how many wait, the
+    highest band waiting with its pool's `pool_key` (0: none), and (with fair-share
+    preemption) up to `TENANT_ENTRIES` tenants' running and waiting counts, those with
+    requests waiting first."""
 
     count: int = 0
     top_priority: int = 0
     top_pool: int = 0
+    tenants: tuple[TenantLoad, ...] = ()
 
 
 def pool_key(model: str) -> int:
     """A model pool's id in the shared rows: the same in every process (unlike `hash`),
     never 0, and fits an int64."""
-    digest = hashlib.blake2b(model.encode(), digest_size=7).digest()
-    return int.from_bytes(digest, "big") + 1
+    return _key(b"pool:" + model.encode())
+
+
+def tenant_key(tenant: str) -> int:
+    """A tenant's id in the shared rows, as `pool_key`."""
+    return _key(b"tenant:" + tenant.encode())
+
+
+def _key(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "big") + 1
 
 
 class PeerSegment:
@@ -266,6 +297,14 @@ class PeerLoad:
         words[row + WAITING] = queues.count
         words[row + TOP_PRIORITY] = queues.top_priority
         words[row + TOP_POOL] = queues.top_pool
+        entries = queues.tenants[:TENANT_ENTRIES]
+        at = row + TENANTS_AT
+        for e in entries:
+            words[at : at + ENTRY] = _entry(e)
+            at += ENTRY
+        end = row + TENANTS_AT + TENANT_ENTRIES * ENTRY
+        if at < end:
+            words[at:end] = _zeros(end - at)
         words[row + PUBLISHED_MS] = round(now * 1000)
 
     def absorb(self, backends: Iterable[Backend], slots: SlotTable) -> None:
@@ -303,6 +342,7 @@ class PeerLoad:
                 top_priority=words[r + TOP_PRIORITY],
                 top_pool=words[r + TOP_POOL],
                 published_ms=words[r + PUBLISHED_MS],
+                tenants=_tenants(words, r),
             )
             for w in range(layout.workers)
             for r in (layout.row(w),)
@@ -311,6 +351,27 @@ class PeerLoad:
     def close(self) -> None:
         self.words.release()
         self._shm.close()
+
+
+def _entry(e: TenantLoad) -> memoryview:
+    return memoryview(array("q", (e.pool, e.priority, e.tenant, e.running, e.waiting)))
+
+
+def _tenants(words: Sequence[int], row: int) -> tuple[TenantLoad, ...]:
+    out: list[TenantLoad] = []
+    for n in range(TENANT_ENTRIES):
+        i = row + TENANTS_AT + n * ENTRY
+        if words[i + E_TENANT]:
+            out.append(
+                TenantLoad(
+                    words[i + E_POOL],
+                    words[i + E_PRIORITY],
+                    words[i + E_TENANT],
+                    words[i + E_RUNNING],
+                    words[i + E_WAITING],
+                )
+            )
+    return tuple(out)
 
 
 def _words(shm: SharedMemory) -> memoryview:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from flowcontrol.policies import Fairness, Ordering, Waiting
+
+K = TypeVar("K")
 
 # Why a request was refused.
 TTL_EXPIRED = "ttl_expired"
@@ -215,12 +217,17 @@ def _fewest_running(picked: str, waiting: Iterable[str], running: Mapping[str, i
     return fewest if running.get(fewest, 0) < running.get(picked, 0) else picked
 
 
-def fair_share_victim(waiting: list[str], running: dict[str, int]) -> str | None:
+def fair_share_victim(
+    waiting: Iterable[K], running: Mapping[K, int], among: Iterable[K] | None = None
+) -> K | None:
     """The tenant of a band that gives up a running request to one waiting in it: the one
-    running the most, when that is at least two more than the waiting tenant running the
-    fewest (after the move it still runs as many as that one: no seat ping-pongs back)."""
-    if not waiting or not running:
+    running the most (of `among`, the tenants that can be asked; default all), when that is
+    at least two more than the waiting tenant running the fewest (after the move it still
+    runs as many as that one: no seat ping-pongs back)."""
+    waiting = list(waiting)
+    able = list(running if among is None else among)
+    if not waiting or not able:
         return None
     poorest = min(running.get(t, 0) for t in waiting)
-    richest = max(running, key=running.__getitem__)
-    return richest if running[richest] >= poorest + 2 else None
+    richest = max(able, key=lambda t: running.get(t, 0))
+    return richest if running.get(richest, 0) >= poorest + 2 else None

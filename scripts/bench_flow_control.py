@@ -171,13 +171,14 @@ async def engines(args: argparse.Namespace) -> AsyncIterator[Engines]:
 
 @contextlib.asynccontextmanager
 async def serving(
-    fleet: Engines, flow: dict[str, Any] | None, own_process: bool = False
+    fleet: Engines, flow: dict[str, Any] | None, own_process: bool = False, workers: int = 1
 ) -> AsyncIterator[httpx.AsyncClient]:
     """fleet-proxy in front of `fleet`, every engine scraped, and a client: in this process
-    (scraping every 50 ms), or as `fleet-proxy serve` with its defaults (`own_process`)."""
+    (scraping every 50 ms), or as `fleet-proxy serve` with its defaults (`own_process`, with
+    `workers` worker processes)."""
     if own_process:
         async with (
-            proxy_process(fleet, flow) as (_, url),
+            proxy_process(fleet, flow, workers) as (_, url),
             httpx.AsyncClient(base_url=url, timeout=120, limits=LIMITS) as c,
         ):
             await ready(c, len(fleet.urls))
@@ -259,7 +260,7 @@ async def noisy(
 ) -> Metrics:
     if flow is not None and flow.get("saturation", {}).get("max_num_seqs") == SEATS:
         flow = {**flow, "saturation": {"max_num_seqs": args.max_num_seqs}}
-    async with serving(fleet, flow, args.processes) as c:
+    async with serving(fleet, flow, args.processes, args.proxy_workers) as c:
         until = time.monotonic() + args.duration
         quiet = StreamTally()
         loud: dict[int, int] = {}
@@ -362,7 +363,7 @@ async def priorities(
     fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
     slots = args.engines * args.max_num_seqs  # twice this many in flight: 2x overload
-    async with serving(fleet, flow, args.processes) as c:
+    async with serving(fleet, flow, args.processes, args.proxy_workers) as c:
         until = time.monotonic() + args.duration
         critical, batch = StreamTally(), StreamTally()
         await asyncio.gather(
@@ -406,7 +407,7 @@ async def arriving(c: httpx.AsyncClient, pid: str, after: float, done: list[floa
 async def agents(
     fleet: Engines, args: argparse.Namespace, variant: str, flow: dict[str, Any] | None
 ) -> Metrics:
-    async with serving(fleet, flow, args.processes) as c:
+    async with serving(fleet, flow, args.processes, args.proxy_workers) as c:
         short: list[float] = []
         long: list[float] = []
         runs = [program(c, f"long-{i}", args.long_calls, long) for i in range(args.long_programs)]
@@ -439,11 +440,11 @@ def cpu_seconds(pid: int) -> float:
 
 @contextlib.asynccontextmanager
 async def proxy_process(
-    fleet: Engines, flow: dict[str, Any] | None
+    fleet: Engines, flow: dict[str, Any] | None, workers: int = 1
 ) -> AsyncIterator[tuple[int, str]]:
     """`fleet-proxy serve` as its own process: (pid, base url)."""
     cmd = [sys.executable, "-m", "proxy.serving.cli", "serve", "--port", "0"]
-    cmd += ["--log-level", "warning"]
+    cmd += ["--log-level", "warning", "--workers", str(workers)]
     for url in fleet.urls:
         cmd += ["--backend", url]
     env = dict(os.environ)  # the default scrape interval: less idle CPU to tell apart
@@ -576,8 +577,16 @@ async def main() -> None:
         help="noisy, priorities, agents: the engines (`fleet-proxy sim`) and the proxy "
         "(`fleet-proxy serve`, default settings) each in a process of its own",
     )
+    p.add_argument(
+        "--proxy-workers",
+        type=int,
+        default=1,
+        help="with --processes: `fleet-proxy serve --workers N` (noisy, priorities, agents)",
+    )
     p.add_argument("--quiet-client", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.proxy_workers != 1 and not args.processes:
+        raise SystemExit("--proxy-workers needs --processes")
     if args.quiet_client:
         await quiet_client(args.quiet_client, args)
         return

@@ -24,7 +24,13 @@ from typing import Any, Literal
 from fleet.change_log import Change, ChangeLog
 from fleet.changes import add_backend
 from fleet.clock import Clock, SystemClock
-from fleet.peer_load import INITIAL_GENERATION, PeerLoad, QueueSummary, SlotTable, WorkerRow
+from fleet.peer_load import (
+    INITIAL_GENERATION,
+    PeerLoad,
+    QueueSummary,
+    SlotTable,
+    WorkerRow,
+)
 from fleet.registry import DuplicateBackend, FleetRegistry
 from fleet.types import Backend, BackendSpec, Role
 
@@ -128,6 +134,8 @@ class PeerSync:
         self.waiting = waiting
         # Per pool key, the highest band waiting in another worker, as of the last exchange.
         self._peer_tops: dict[int, int] = {}
+        # Per (pool key, priority), each tenant key's (running, waiting) in the other workers.
+        self._peer_tenants: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
         self.clock: Clock = clock or SystemClock()
         self.peers = peers
         self.changes = changes
@@ -179,21 +187,32 @@ class PeerSync:
         )
         self.peers.absorb(backends, self.slots)
         if self.waiting is not None:
-            self._peer_tops = self._read_peer_tops(now)
+            self._read_peer_queues(now)
 
-    def _read_peer_tops(self, now: float) -> dict[int, int]:
-        """The highest band waiting per pool in the other workers. A row not written for
-        `STALE_INTERVALS` sync intervals (at least a second) is from a worker that stopped or
-        is stuck: not believed, or a dead worker's queue would hold a pool's lower bands back
-        for good."""
+    def _read_peer_queues(self, now: float) -> None:
+        """The highest band waiting per pool in the other workers, and their tenants' counts.
+        A row not written for `STALE_INTERVALS` sync intervals (at least a second) is from a
+        worker that stopped or is stuck: not believed, or a dead worker's queue would hold a
+        pool's lower bands back for good."""
         tops: dict[int, int] = {}
+        tenants: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
         fresh_after = round((now - max(1.0, STALE_INTERVALS * self.interval)) * 1000)
         for r in self.peers.rows():
-            if r.worker == self.worker or not r.top_pool or r.published_ms < fresh_after:
+            if r.worker == self.worker or r.published_ms < fresh_after:
                 continue
-            if r.top_pool not in tops or r.top_priority > tops[r.top_pool]:
+            if r.top_pool and (r.top_pool not in tops or r.top_priority > tops[r.top_pool]):
                 tops[r.top_pool] = r.top_priority
-        return tops
+            for e in r.tenants:
+                band = tenants.setdefault((e.pool, e.priority), {})
+                running, waiting = band.get(e.tenant, (0, 0))
+                band[e.tenant] = (running + e.running, waiting + e.waiting)
+        self._peer_tops = tops
+        self._peer_tenants = tenants
+
+    def peer_tenants(self, pool: int, priority: int) -> Mapping[int, tuple[int, int]]:
+        """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other
+        workers, as of the last exchange (tenants they publish: with fair-share preemption)."""
+        return self._peer_tenants.get((pool, priority), {})
 
     def peer_top(self, pool: int) -> int | None:
         """The highest band waiting for `pool` (a `pool_key`) in another worker; None when

@@ -18,14 +18,14 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.peer_load import QueueSummary, pool_key
+from fleet.peer_load import TENANT_ENTRIES, QueueSummary, TenantLoad, pool_key, tenant_key
 from flowcontrol.config import FlowControlConfig
 from flowcontrol.core import (
     BAND_FULL,
@@ -79,6 +79,10 @@ class WorkerPeers(Protocol):
     def peer_top(self, pool: int) -> int | None:
         """The highest band waiting for `pool` (a `pool_key`) in another worker, as of the
         last exchange; None when none waits there."""
+
+    def peer_tenants(self, pool: int, priority: int) -> Mapping[int, tuple[int, int]]:
+        """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other
+        workers, as of the last exchange."""
 
 
 class FlowGate:
@@ -135,6 +139,7 @@ class FlowGate:
         # the rows they share.
         self._peers: WorkerPeers | None = None
         self._pool_keys: dict[str, int] = {}
+        self._tenant_keys: dict[str, int] = {}
         if registry is not None:
             self._bind_metrics(registry)
 
@@ -152,9 +157,35 @@ class FlowGate:
             priority = pool.top_priority()
             if priority is not None and (top is None or priority > top[0]):
                 top = (priority, model)
+        tenants = self._tenant_loads() if self._config.fair_share_preemption else ()
         if top is None:
-            return QueueSummary(len(self._waiters))
-        return QueueSummary(len(self._waiters), top[0], self._pool_key(top[1]))
+            return QueueSummary(len(self._waiters), tenants=tenants)
+        return QueueSummary(len(self._waiters), top[0], self._pool_key(top[1]), tenants)
+
+    def _tenant_loads(self) -> tuple[TenantLoad, ...]:
+        """With fair-share preemption, what each tenant runs and has waiting here, per pool
+        and band, for the other workers: those with requests waiting first."""
+        counts: dict[tuple[str, int, str], list[int]] = {}
+        for model, running in self._running.items():
+            for t, _ in running.values():
+                if t.key not in self._suspended:
+                    counts.setdefault((model, t.priority, t.tenant), [0, 0])[0] += 1
+        for model, pool in self.pools.items():
+            for (priority, tenant), n in pool.depths().items():
+                counts.setdefault((model, priority, tenant), [0, 0])[1] += n
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))
+        return tuple(
+            TenantLoad(self._pool_key(m), p, self._tenant_key(t), running, waiting)
+            for (m, p, t), (running, waiting) in ranked[:TENANT_ENTRIES]
+        )
+
+    def _tenant_key(self, tenant: str) -> int:
+        key = self._tenant_keys.get(tenant)
+        if key is None:
+            if len(self._tenant_keys) >= 10_000:  # tenants from headers: bounded
+                self._tenant_keys.clear()
+            key = self._tenant_keys[tenant] = tenant_key(tenant)
+        return key
 
     def _pool_key(self, model: str) -> int:
         key = self._pool_keys.get(model)
@@ -291,6 +322,8 @@ class FlowGate:
     def _admitted(self, ctx: RequestContext, ticket: FlowTicket) -> FlowTicket:
         if self._config.fair_share_preemption:
             self._running.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
+            if self._peers is not None:
+                self._kick()  # a tenant waiting in another worker may need its seat
         if self._config.preemption and ticket.priority < 0 and ctx.stream:
             self._sheddable.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
             if self._peers is not None:
@@ -301,8 +334,10 @@ class FlowGate:
         if self._sheddable:
             self._forget_sheddable(ticket.key)
         if self._running:
-            for running in self._running.values():
+            for model, running in self._running.items():
                 if running.pop(ticket.key, None) is not None:
+                    if not running:
+                        del self._running[model]
                     break
         if ticket.rate is not None and self._rates is not None:
             self._rates.settle(ticket.tenant, ticket.rate, finished)
@@ -382,8 +417,10 @@ class FlowGate:
 
     def _watching_peers(self) -> bool:
         """One of several workers, with sheddable streams that a higher band waiting in
-        another worker may need suspended: the loop keeps looking while there are any."""
-        return self._peers is not None and bool(self._sheddable)
+        another worker may need suspended (or, with fair-share preemption, any request a
+        tenant waiting there may need the seat of): the loop keeps looking while there are
+        any."""
+        return self._peers is not None and bool(self._sheddable or self._running)
 
     def _cycle(self) -> None:
         if self._peers is not None:
@@ -405,14 +442,17 @@ class FlowGate:
                 top = pool.top_priority()
                 if top is not None:
                     self._preempt(model, top if elsewhere is None else max(top, elsewhere))
-            if (
-                full
-                and not routing
-                and self._config.fair_share_preemption
-                and model not in self._suspending
-            ):
-                self._preempt_for_share(model, pool)
-            shares = self._shares(model) if self._config.fair_share_preemption else None
+            shares = None
+            if self._config.fair_share_preemption:
+                top = pool.top_priority()
+                band = top if elsewhere is None or top is None else max(top, elsewhere)
+                if full and not routing and model not in self._suspending and band is not None:
+                    self._preempt_for_share(model, band)
+                shares = self._shares(model, pool)
+                if not full and top is not None and band == top:
+                    # Another worker holds a tenant of this band running fewer: the room is
+                    # its, as a higher band's would be.
+                    full = self._poorer_elsewhere(model, pool, top, shares(top))
             for action in pool.decide(full, now, elsewhere, shares):
                 slot = self._waiters.get(action.request.seq)
                 if slot is None or slot.done():
@@ -428,6 +468,8 @@ class FlowGate:
                     slot.set_result(None)
         if self._peers is not None:
             self._preempt_for_peers(now)
+            if self._running:
+                self._share_for_peers(now)
 
     # --- preemption
 
@@ -444,15 +486,41 @@ class FlowGate:
             if self.saturation(model, now) >= 1.0:
                 self._preempt(model, elsewhere)
 
-    def _shares(self, model: str) -> Callable[[int], dict[str, int]]:
-        """Per band, each tenant's requests running in `model`'s pool (suspended ones not).
-        A pass over the pool's running requests: made only with `fair_share_preemption`, and
-        only while requests wait."""
+    def _shares(self, model: str, pool: FlowQueues) -> Callable[[int], dict[str, int]]:
+        """Per band, each tenant's requests running in `model`'s pool (suspended ones not),
+        in every worker. A pass over the pool's running requests: made only with
+        `fair_share_preemption`, and only while requests wait."""
 
         def counts(priority: int) -> dict[str, int]:
-            return {t: len(r) for t, r in self._running_by_tenant(model, priority).items()}
+            own = {t: len(r) for t, r in self._running_by_tenant(model, priority).items()}
+            peers = self._peers
+            theirs = peers.peer_tenants(self._pool_key(model), priority) if peers else None
+            if not theirs:
+                return own
+            for tenant in {*own, *pool.tenants(priority)}:
+                elsewhere = theirs.get(self._tenant_key(tenant))
+                if elsewhere is not None:
+                    own[tenant] = own.get(tenant, 0) + elsewhere[0]
+            return own
 
         return counts
+
+    def _poorer_elsewhere(
+        self, model: str, pool: FlowQueues, band: int, running: Mapping[str, int]
+    ) -> bool:
+        """Whether another worker has a tenant waiting in `band` that runs fewer requests in
+        the whole proxy than every tenant waiting here."""
+        peers = self._peers
+        if peers is None:
+            return False
+        theirs = peers.peer_tenants(self._pool_key(model), band)
+        if not theirs:
+            return False
+        fewest_here = min(running.get(t, 0) for t in pool.tenants(band))
+        own = {self._tenant_key(t): len(r) for t, r in self._running_by_tenant(model, band).items()}
+        return any(
+            waiting and r + own.get(key, 0) < fewest_here for key, (r, waiting) in theirs.items()
+        )
 
     def _running_by_tenant(
         self, model: str, priority: int
@@ -463,21 +531,43 @@ class FlowGate:
                 running.setdefault(t.tenant, []).append((t, ctx))
         return running
 
-    def _preempt_for_share(self, model: str, pool: FlowQueues) -> None:
-        """A tenant waiting in the top band runs at least two fewer requests there than the
-        band's busiest tenant: suspend that tenant's latest movable stream."""
-        top = pool.top_priority()
-        if top is None:
+    def _preempt_for_share(self, model: str, band: int) -> None:
+        """A tenant waiting in `band` (here or in another worker) runs at least two fewer
+        requests there, in the whole proxy, than a tenant running some here: suspend the
+        busiest such tenant's latest movable stream."""
+        here = self._running_by_tenant(model, band)
+        if not here:
             return
-        running = self._running_by_tenant(model, top)
-        victim = fair_share_victim(pool.tenants(top), {t: len(r) for t, r in running.items()})
+        names = {self._tenant_key(t): t for t in here}
+        running = {key: len(here[t]) for key, t in names.items()}
+        pool = self.pools.get(model)
+        waiting = [self._tenant_key(t) for t in pool.tenants(band)] if pool is not None else []
+        if self._peers is not None:
+            for key, (r, w) in self._peers.peer_tenants(self._pool_key(model), band).items():
+                running[key] = running.get(key, 0) + r
+                if w:
+                    waiting.append(key)
+        victim = fair_share_victim(waiting, running, among=names)
         if victim is None:
             return
         # The latest to start first: it has the least to lose.
-        for ticket, ctx in sorted(running[victim], key=lambda r: -r[0].key):
+        for ticket, ctx in sorted(here[names[victim]], key=lambda r: -r[0].key):
             if self._suspend(model, ticket, ctx, FAIR_SHARE):
                 log.info("request %s suspended for another tenant's share", ctx.request_id)
                 return
+
+    def _share_for_peers(self, now: float) -> None:
+        """A tenant waits in another worker for a full pool where this one runs requests (and
+        queues nothing itself: those pools were seen to above)."""
+        for model in list(self._running):
+            pool = self.pools.get(model)
+            if (pool is not None and pool.count) or model in self._suspending:
+                continue
+            elsewhere = self._elsewhere(model)
+            if elsewhere is None or self._unbound.get(model):
+                continue
+            if self.saturation(model, now) >= 1.0:
+                self._preempt_for_share(model, elsewhere)
 
     def _preempt(self, model: str, top: int) -> None:
         """Suspend the latest sheddable stream of a lower band than `top`, the highest one

@@ -590,3 +590,40 @@ async def test_a_dispatched_request_is_routed_to_the_backend_with_room():
         assert queued_one.result().status_code == 200
         assert not kept.done()
         await release(kept)
+
+
+async def test_a_tenant_waiting_in_one_worker_takes_a_seat_from_one_running_in_another(
+    two_seats, tmp_path: Path
+):
+    """Two workers: `noisy` runs two streams through worker 0 on the engine's two seats;
+    `quiet` asks through worker 1. Worker 0 suspends its later stream, leaves the freed seat
+    to worker 1's waiting tenant (it runs fewer in the whole proxy), and the stream resumes
+    token-exact once `quiet` is answered."""
+    async with two_workers(two_seats, tmp_path, FAIR_SHARE) as workers:
+        (app0, _), (c0, c1) = workers.apps, workers.clients
+        noisy = {"x-gateway-fairness-id": "noisy"}
+        quiet = {"x-gateway-fairness-id": "quiet"}
+        long_body = {**body(300), "stream": True}
+        reference, _ = await read_stream(c0, long_body, noisy)  # alone: never suspended
+        await eventually(lambda: engine_running(app0) == 0, what="the engine idle again")
+        first = asyncio.create_task(c0.post("/v1/completions", json=body(100_000), headers=noisy))
+        await eventually(lambda: engine_running(app0) == 1, what="the first stream running")
+        answered: list[httpx.Response] = []
+
+        async def quiet_asks() -> None:
+            await eventually(lambda: engine_running(app0) == 2, what="both seats taken")
+            await workers.full_to(1)
+            answered.append(await c1.post("/v1/completions", json=body(), headers=quiet))
+
+        text, events = await read_stream(c0, long_body, noisy, quiet_asks)
+        assert [r.status_code for r in answered] == [200]  # while the stream was suspended
+        assert not [e for e in events if "error" in e]
+        assert text == reference
+        assert not first.done()
+        await release(first)
+        metrics = (await c0.get("/metrics")).text
+        preempted = (
+            "fleet_proxy_flow_control_preemptions_total"
+            f'{{model_name="{DEFAULT_MODEL}",reason="fair_share"}}'
+        )
+        assert metric(metrics, preempted) == 1
