@@ -468,23 +468,27 @@ class FlowGate:
                     slot.set_result(None)
         if self._peers is not None:
             self._preempt_for_peers(now)
-            if self._running:
-                self._share_for_peers(now)
 
     # --- preemption
 
     def _preempt_for_peers(self, now: float) -> None:
-        """A higher band waits in another worker for a full pool where this one runs
-        sheddable streams (and queues nothing itself: those pools were seen to above)."""
-        for model in list(self._sheddable):
+        """Another worker holds a request waiting for a full pool where this one runs
+        requests and queues none (pools with a queue here were seen to above): a higher
+        band's, for which a sheddable stream is suspended (`preemption`), or one of a tenant
+        below its share (`fair_share_preemption`)."""
+        for model in dict.fromkeys([*self._sheddable, *self._running]):
             pool = self.pools.get(model)
             if (pool is not None and pool.count) or model in self._suspending:
                 continue
             elsewhere = self._elsewhere(model)
             if elsewhere is None or self._unbound.get(model):
                 continue
-            if self.saturation(model, now) >= 1.0:
+            if self.saturation(model, now) < 1.0:
+                continue
+            if model in self._sheddable:
                 self._preempt(model, elsewhere)
+            if model in self._running and model not in self._suspending:
+                self._preempt_for_share(model, elsewhere)
 
     def _shares(self, model: str, pool: FlowQueues) -> Callable[[int], dict[str, int]]:
         """Per band, each tenant's requests running in `model`'s pool (suspended ones not),
@@ -555,19 +559,6 @@ class FlowGate:
             if self._suspend(model, ticket, ctx, FAIR_SHARE):
                 log.info("request %s suspended for another tenant's share", ctx.request_id)
                 return
-
-    def _share_for_peers(self, now: float) -> None:
-        """A tenant waits in another worker for a full pool where this one runs requests (and
-        queues nothing itself: those pools were seen to above)."""
-        for model in list(self._running):
-            pool = self.pools.get(model)
-            if (pool is not None and pool.count) or model in self._suspending:
-                continue
-            elsewhere = self._elsewhere(model)
-            if elsewhere is None or self._unbound.get(model):
-                continue
-            if self.saturation(model, now) >= 1.0:
-                self._preempt_for_share(model, elsewhere)
 
     def _preempt(self, model: str, top: int) -> None:
         """Suspend the latest sheddable stream of a lower band than `top`, the highest one

@@ -524,41 +524,56 @@ async def test_with_the_seats_known_requests_wait_in_the_proxy_not_the_engine(tw
         assert f.order == ["x", "y", "z"]
 
 
+async def seat_taken_for_a_poorer_tenant(
+    streams: httpx.AsyncClient,
+    worker: FleetProxyApp,
+    quiet_client: httpx.AsyncClient,
+    full: Callable[[], Awaitable[None]],
+) -> None:
+    """Tenant `noisy` runs two streams through `streams` on the engine's two seats; tenant
+    `quiet` asks through `quiet_client` once `full()` returns. The later stream is
+    suspended, `quiet` is answered while it waits, and it resumes token-exact; `worker`, the
+    streams', counts one fair-share preemption."""
+    noisy = {"x-gateway-fairness-id": "noisy"}
+    quiet = {"x-gateway-fairness-id": "quiet"}
+    long_body = {**body(300), "stream": True}
+    reference, _ = await read_stream(streams, long_body, noisy)  # alone: never suspended
+    await eventually(lambda: engine_running(worker) == 0, what="the engine idle again")
+    first = asyncio.create_task(streams.post("/v1/completions", json=body(100_000), headers=noisy))
+    await eventually(lambda: engine_running(worker) == 1, what="the first stream running")
+    answered: list[httpx.Response] = []
+
+    async def quiet_asks() -> None:
+        await eventually(lambda: engine_running(worker) == 2, what="both seats taken")
+        await full()
+        answered.append(await quiet_client.post("/v1/completions", json=body(), headers=quiet))
+
+    text, events = await read_stream(streams, long_body, noisy, quiet_asks)
+    assert [r.status_code for r in answered] == [200]  # while the stream was suspended
+    assert not [e for e in events if "error" in e]
+    assert text == reference
+    assert not first.done()  # the earlier stream kept its seat throughout
+    await release(first)
+    metrics = (await streams.get("/metrics")).text
+    preempted = (
+        "fleet_proxy_flow_control_preemptions_total"
+        f'{{model_name="{DEFAULT_MODEL}",reason="fair_share"}}'
+    )
+    assert metric(metrics, preempted) == 1
+
+
 async def test_a_tenant_below_its_share_takes_a_seat_and_the_stream_resumes_token_exact(
     two_seats,
 ):
-    """Tenant `noisy` runs two streams on the engine's two seats; tenant `quiet` asks. The
-    later stream is suspended, `quiet` is answered while it waits, and it resumes
-    token-exact."""
     async with (
         running_proxy(fast_settings(two_seats.urls, flow_control=FAIR_SHARE)) as (url, app),
         httpx.AsyncClient(base_url=url, timeout=120) as c,
     ):
-        noisy = {"x-gateway-fairness-id": "noisy"}
-        quiet = {"x-gateway-fairness-id": "quiet"}
-        long_body = {**body(300), "stream": True}
-        reference, _ = await read_stream(c, long_body, noisy)  # alone: never suspended
-        await eventually(lambda: engine_running(app) == 0, what="the engine idle again")
-        first = asyncio.create_task(c.post("/v1/completions", json=body(100_000), headers=noisy))
-        await eventually(lambda: engine_running(app) == 1, what="the first stream running")
-        answered: list[httpx.Response] = []
 
-        async def quiet_asks() -> None:
-            await eventually(lambda: engine_running(app) == 2, what="both seats taken")
-            answered.append(await c.post("/v1/completions", json=body(), headers=quiet))
+        async def seats_taken() -> None:
+            pass  # one proxy: it sees the seats it filled
 
-        text, events = await read_stream(c, long_body, noisy, quiet_asks)
-        assert [r.status_code for r in answered] == [200]  # while the stream was suspended
-        assert not [e for e in events if "error" in e]
-        assert text == reference
-        assert not first.done()  # the earlier stream kept its seat throughout
-        await release(first)
-        metrics = (await c.get("/metrics")).text
-        preempted = (
-            "fleet_proxy_flow_control_preemptions_total"
-            f'{{model_name="{DEFAULT_MODEL}",reason="fair_share"}}'
-        )
-        assert metric(metrics, preempted) == 1
+        await seat_taken_for_a_poorer_tenant(c, app, c, seats_taken)
 
 
 async def test_a_dispatched_request_is_routed_to_the_backend_with_room():
@@ -595,35 +610,9 @@ async def test_a_dispatched_request_is_routed_to_the_backend_with_room():
 async def test_a_tenant_waiting_in_one_worker_takes_a_seat_from_one_running_in_another(
     two_seats, tmp_path: Path
 ):
-    """Two workers: `noisy` runs two streams through worker 0 on the engine's two seats;
-    `quiet` asks through worker 1. Worker 0 suspends its later stream, leaves the freed seat
-    to worker 1's waiting tenant (it runs fewer in the whole proxy), and the stream resumes
-    token-exact once `quiet` is answered."""
+    """Two workers: `noisy` runs through worker 0, `quiet` asks through worker 1. Worker 0
+    suspends its later stream and leaves the freed seat to worker 1's waiting tenant (it
+    runs fewer in the whole proxy)."""
     async with two_workers(two_seats, tmp_path, FAIR_SHARE) as workers:
         (app0, _), (c0, c1) = workers.apps, workers.clients
-        noisy = {"x-gateway-fairness-id": "noisy"}
-        quiet = {"x-gateway-fairness-id": "quiet"}
-        long_body = {**body(300), "stream": True}
-        reference, _ = await read_stream(c0, long_body, noisy)  # alone: never suspended
-        await eventually(lambda: engine_running(app0) == 0, what="the engine idle again")
-        first = asyncio.create_task(c0.post("/v1/completions", json=body(100_000), headers=noisy))
-        await eventually(lambda: engine_running(app0) == 1, what="the first stream running")
-        answered: list[httpx.Response] = []
-
-        async def quiet_asks() -> None:
-            await eventually(lambda: engine_running(app0) == 2, what="both seats taken")
-            await workers.full_to(1)
-            answered.append(await c1.post("/v1/completions", json=body(), headers=quiet))
-
-        text, events = await read_stream(c0, long_body, noisy, quiet_asks)
-        assert [r.status_code for r in answered] == [200]  # while the stream was suspended
-        assert not [e for e in events if "error" in e]
-        assert text == reference
-        assert not first.done()
-        await release(first)
-        metrics = (await c0.get("/metrics")).text
-        preempted = (
-            "fleet_proxy_flow_control_preemptions_total"
-            f'{{model_name="{DEFAULT_MODEL}",reason="fair_share"}}'
-        )
-        assert metric(metrics, preempted) == 1
+        await seat_taken_for_a_poorer_tenant(c0, app0, c1, lambda: workers.full_to(1))

@@ -109,59 +109,13 @@ async def test_each_worker_sees_the_others_in_flight(pair: tuple[PeerSync, PeerS
     assert in_flight(a1) == 2
 
 
-def summary_of(queues: dict[int, QueueSummary], worker: int) -> Callable[[], QueueSummary]:
-    return lambda: queues[worker]
+Three = tuple[list[PeerSync], dict[int, QueueSummary], FakeClock]
 
 
-def test_a_worker_sees_the_highest_band_queued_in_another_until_its_row_goes_stale(
-    tmp_path: Path,
-) -> None:
-    segment = PeerSegment(PeerLayout(workers=3, slots=8))
-    clock = FakeClock(100.0)
-    queues = {w: QueueSummary() for w in range(3)}
-
-    def summary(worker: int) -> Callable[[], QueueSummary]:
-        return lambda: queues[worker]
-
-    log = tmp_path / "log"
-    syncs = [
-        PeerSync(
-            registry("a"), PeerLoad.attach(segment.name, w), ChangeLog(log), 0.02, clock, summary(w)
-        )
-        for w in range(3)
-    ]
-    try:
-        x, y = pool_key("model-x"), pool_key("model-y")
-        assert x != y and pool_key("model-x") == x and 0 < x < 2**63
-        queues[1] = QueueSummary(4, top_priority=5, top_pool=x)
-        queues[2] = QueueSummary(1, top_priority=9, top_pool=y)
-        for s in [*syncs, *syncs]:  # the second round reads what all published in the first
-            s.exchange()
-        assert [syncs[0].peer_top(x), syncs[0].peer_top(y)] == [5, 9]
-        assert syncs[1].peer_top(x) is None  # its own queue is not "elsewhere"
-        assert syncs[1].peer_top(y) == 9
-        # Worker 2 stops publishing: after a second its row no longer holds the others back.
-        clock.advance(0.5)
-        syncs[0].exchange()
-        syncs[1].exchange()
-        assert syncs[0].peer_top(y) == 9
-        clock.advance(0.6)
-        syncs[0].exchange()
-        syncs[1].exchange()
-        assert syncs[0].peer_top(y) is None and syncs[0].peer_top(x) == 5
-        queues[1] = QueueSummary()  # worker 1's queue emptied
-        syncs[1].exchange()
-        syncs[0].exchange()
-        assert syncs[0].peer_top(x) is None
-    finally:
-        for s in syncs:
-            s.close()
-        segment.close()
-
-
-def test_tenants_running_and_waiting_in_the_other_workers_are_summed_per_band(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[Three]:
+    """Three workers' PeerSync on one segment, on a fake clock; worker w publishes
+    `queues[w]` as what waits in its flow-control queues."""
     segment = PeerSegment(PeerLayout(workers=3, slots=8))
     clock = FakeClock(100.0)
     queues = {w: QueueSummary() for w in range(3)}
@@ -177,32 +131,69 @@ def test_tenants_running_and_waiting_in_the_other_workers_are_summed_per_band(
         )
         for w in range(3)
     ]
-    try:
-        x = pool_key("model-x")
-        quiet, noisy = tenant_key("quiet"), tenant_key("noisy")
-        assert quiet != noisy and 0 < quiet < 2**63 and quiet != pool_key("quiet")
-        queues[1] = QueueSummary(
-            1, 0, x, (TenantLoad(x, 0, quiet, 0, 1), TenantLoad(x, 0, noisy, 3, 0))
-        )
-        queues[2] = QueueSummary(
-            0, 0, 0, (TenantLoad(x, 0, noisy, 4, 0), TenantLoad(x, -1, noisy, 2, 0))
-        )
-        for s in [*syncs, *syncs]:
-            s.exchange()
-        assert dict(syncs[0].peer_tenants(x, 0)) == {quiet: (0, 1), noisy: (7, 0)}
-        assert dict(syncs[0].peer_tenants(x, -1)) == {noisy: (2, 0)}
-        assert dict(syncs[1].peer_tenants(x, 0)) == {noisy: (4, 0)}  # not its own
-        # Only the first TENANT_ENTRIES of a worker's tenants are published.
-        many = tuple(TenantLoad(x, 0, tenant_key(f"t{i}"), 1, 0) for i in range(20))
-        queues[2] = QueueSummary(0, 0, 0, many)
-        syncs[2].exchange()
-        syncs[0].exchange()
-        assert len(syncs[0].peer_tenants(x, 0)) == TENANT_ENTRIES + 2  # and worker 1's two
-        # A row not written for a second is not believed.
-        clock.advance(1.1)
-        syncs[0].exchange()
-        assert syncs[0].peer_tenants(x, 0) == {}
-    finally:
-        for s in syncs:
-            s.close()
-        segment.close()
+    yield syncs, queues, clock
+    for s in syncs:
+        s.close()
+    segment.close()
+
+
+def summary_of(queues: dict[int, QueueSummary], worker: int) -> Callable[[], QueueSummary]:
+    return lambda: queues[worker]
+
+
+def test_a_worker_sees_the_highest_band_queued_in_another_until_its_row_goes_stale(
+    three: Three,
+) -> None:
+    syncs, queues, clock = three
+    x, y = pool_key("model-x"), pool_key("model-y")
+    assert x != y and pool_key("model-x") == x and 0 < x < 2**63
+    queues[1] = QueueSummary(4, top_priority=5, top_pool=x)
+    queues[2] = QueueSummary(1, top_priority=9, top_pool=y)
+    for s in [*syncs, *syncs]:  # the second round reads what all published in the first
+        s.exchange()
+    assert [syncs[0].peer_top(x), syncs[0].peer_top(y)] == [5, 9]
+    assert syncs[1].peer_top(x) is None  # its own queue is not "elsewhere"
+    assert syncs[1].peer_top(y) == 9
+    # Worker 2 stops publishing: after a second its row no longer holds the others back.
+    clock.advance(0.5)
+    syncs[0].exchange()
+    syncs[1].exchange()
+    assert syncs[0].peer_top(y) == 9
+    clock.advance(0.6)
+    syncs[0].exchange()
+    syncs[1].exchange()
+    assert syncs[0].peer_top(y) is None and syncs[0].peer_top(x) == 5
+    queues[1] = QueueSummary()  # worker 1's queue emptied
+    syncs[1].exchange()
+    syncs[0].exchange()
+    assert syncs[0].peer_top(x) is None
+
+
+def test_tenants_running_and_waiting_in_the_other_workers_are_summed_per_band(
+    three: Three,
+) -> None:
+    syncs, queues, clock = three
+    x = pool_key("model-x")
+    quiet, noisy = tenant_key("quiet"), tenant_key("noisy")
+    assert quiet != noisy and 0 < quiet < 2**63 and quiet != pool_key("quiet")
+    queues[1] = QueueSummary(
+        1, 0, x, (TenantLoad(x, 0, quiet, 0, 1), TenantLoad(x, 0, noisy, 3, 0))
+    )
+    queues[2] = QueueSummary(
+        0, 0, 0, (TenantLoad(x, 0, noisy, 4, 0), TenantLoad(x, -1, noisy, 2, 0))
+    )
+    for s in [*syncs, *syncs]:
+        s.exchange()
+    assert dict(syncs[0].peer_tenants(x, 0)) == {quiet: (0, 1), noisy: (7, 0)}
+    assert dict(syncs[0].peer_tenants(x, -1)) == {noisy: (2, 0)}
+    assert dict(syncs[1].peer_tenants(x, 0)) == {noisy: (4, 0)}  # not its own
+    # Only the first TENANT_ENTRIES of a worker's tenants are published.
+    many = tuple(TenantLoad(x, 0, tenant_key(f"t{i}"), 1, 0) for i in range(20))
+    queues[2] = QueueSummary(0, 0, 0, many)
+    syncs[2].exchange()
+    syncs[0].exchange()
+    assert len(syncs[0].peer_tenants(x, 0)) == TENANT_ENTRIES + 2  # and worker 1's two
+    # A row not written for a second is not believed.
+    clock.advance(1.1)
+    syncs[0].exchange()
+    assert syncs[0].peer_tenants(x, 0) == {}
