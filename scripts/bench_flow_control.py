@@ -27,6 +27,7 @@ Everything shares this machine: run it on an otherwise idle one, and give the lo
 
     python scripts/bench_flow_control.py [--scenarios noisy,priorities,agents,cost]
         [--repeats 3] [--duration 15] [--engines 2] [--max-num-seqs 4] [--out FILE.json]
+        [--processes [--proxy-workers N]]
 """
 
 from __future__ import annotations
