@@ -136,6 +136,8 @@ class PeerSync:
         self._peer_tops: dict[int, int] = {}
         # Per (pool key, priority), each tenant key's (running, waiting) in the other workers.
         self._peer_tenants: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        # Whether any other worker had requests waiting, as of the last exchange.
+        self.peers_waiting = False
         self.clock: Clock = clock or SystemClock()
         self.peers = peers
         self.changes = changes
@@ -196,10 +198,12 @@ class PeerSync:
         pool's lower bands back for good."""
         tops: dict[int, int] = {}
         tenants: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        any_waiting = False
         fresh_after = round((now - max(1.0, STALE_INTERVALS * self.interval)) * 1000)
         for r in self.peers.rows():
             if r.worker == self.worker or r.published_ms < fresh_after:
                 continue
+            any_waiting = any_waiting or r.waiting > 0
             if r.top_pool and (r.top_pool not in tops or r.top_priority > tops[r.top_pool]):
                 tops[r.top_pool] = r.top_priority
             for e in r.tenants:
@@ -208,6 +212,7 @@ class PeerSync:
                 band[e.tenant] = (running + e.running, waiting + e.waiting)
         self._peer_tops = tops
         self._peer_tenants = tenants
+        self.peers_waiting = any_waiting
 
     def peer_tenants(self, pool: int, priority: int) -> Mapping[int, tuple[int, int]]:
         """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other

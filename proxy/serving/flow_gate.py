@@ -57,6 +57,9 @@ OUTCOMES = {
     TENANT_FULL: "RejectedCapacity",
 }
 CLIENT_LEFT = "EvictedContextCancelled"
+# With several workers, the longest a loop waits between two checks while requests wait here
+# or in another worker (seconds).
+PEER_RECHECK = 0.005
 # Why a stream was suspended: the `reason` label of the preemption counter.
 PRIORITY = "priority"
 FAIR_SHARE = "fair_share"
@@ -83,6 +86,10 @@ class WorkerPeers(Protocol):
     def peer_tenants(self, pool: int, priority: int) -> Mapping[int, tuple[int, int]]:
         """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other
         workers, as of the last exchange."""
+
+    @property
+    def peers_waiting(self) -> bool:
+        """Whether another worker had requests waiting, as of the last exchange."""
 
 
 class FlowGate:
@@ -403,7 +410,6 @@ class FlowGate:
     async def _run(self) -> None:
         wake = self._wake
         assert wake is not None
-        interval = self._config.recheck_interval
         while self._waiters or self._watching_peers():
             wake.clear()
             try:
@@ -413,7 +419,19 @@ class FlowGate:
                 log.exception("flow control's dispatch cycle failed")
             if self._waiters or self._watching_peers():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), interval)
+                    await asyncio.wait_for(wake.wait(), self._recheck())
+
+    def _recheck(self) -> float:
+        """Seconds until the pools are checked again if nothing wakes the loop. With several
+        workers and requests waiting here or in another, `PEER_RECHECK` at most: what the
+        others do (a request ending, room left or a seat freed for this worker's queue, one
+        of theirs waiting for a seat this worker holds) shows only in the shared rows, and
+        nothing in this process wakes the loop for it."""
+        interval = self._config.recheck_interval
+        peers = self._peers
+        if peers is not None and (self._waiters or peers.peers_waiting):
+            return min(interval, PEER_RECHECK)
+        return interval
 
     def _watching_peers(self) -> bool:
         """One of several workers, with sheddable streams that a higher band waiting in

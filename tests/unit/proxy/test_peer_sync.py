@@ -154,6 +154,7 @@ def test_a_worker_sees_the_highest_band_queued_in_another_until_its_row_goes_sta
     assert [syncs[0].peer_top(x), syncs[0].peer_top(y)] == [5, 9]
     assert syncs[1].peer_top(x) is None  # its own queue is not "elsewhere"
     assert syncs[1].peer_top(y) == 9
+    assert syncs[0].peers_waiting and syncs[1].peers_waiting  # worker 2 waits for both
     # Worker 2 stops publishing: after a second its row no longer holds the others back.
     clock.advance(0.5)
     syncs[0].exchange()
@@ -167,6 +168,7 @@ def test_a_worker_sees_the_highest_band_queued_in_another_until_its_row_goes_sta
     syncs[1].exchange()
     syncs[0].exchange()
     assert syncs[0].peer_top(x) is None
+    assert not syncs[0].peers_waiting  # worker 2's row is stale, worker 1's queue empty
 
 
 def test_tenants_running_and_waiting_in_the_other_workers_are_summed_per_band(
