@@ -206,9 +206,7 @@ class Forwarder:
                     self._movability(ctx),
                 )  # fmt: skip
                 if ticket is not None:
-                    session.avoid = ticket.avoid
-                    if ticket.rate is not None:
-                        session.answer_headers = ticket.rate.headers
+                    session.let_through(ticket)
                 status = await self._serve(receive, session)
             except ProxyError as e:
                 status = e.status

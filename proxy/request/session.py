@@ -42,7 +42,7 @@ from proxy.asgi import Send, response_headers
 from proxy.backends.accounting import Dispatch
 from proxy.backends.upstream import UpstreamError, UpstreamResponse, failure_kind
 from proxy.errors import FailureKind, ProxyError, openai_shaped, sse_error_event, wraps_status
-from proxy.ports import FinishedRequest, RequestServices
+from proxy.ports import FinishedRequest, FlowTicket, RequestServices
 from proxy.request.answer_relay import content_length, relay_rest
 from proxy.request.anthropic_errors import stream_error_event
 from proxy.request.leg_services import LegServices
@@ -212,6 +212,13 @@ class RequestSession:
     def tokens_generated(self) -> int:
         ledger = self.ledger
         return len(ledger.generated) if ledger is not None else 0
+
+    def let_through(self, ticket: FlowTicket) -> None:
+        """Flow control let the request through with `ticket`: its first leg passes over the
+        backends it saw with no room, and its answer carries the tenant's rate-limit headers."""
+        self.avoid = ticket.avoid
+        if ticket.rate is not None:
+            self.answer_headers = ticket.rate.headers
 
     def movable_reason(self, planned: bool) -> str:
         if self._relaying:

@@ -311,8 +311,8 @@ class ResponsesApi:
         session = RequestSession(
             self._core, self._legs, PATH, ctx, body, upstream, send, served.arrived, None
         )
-        if served.ticket is not None and served.ticket.rate is not None:
-            session.answer_headers = served.ticket.rate.headers
+        if served.ticket is not None:
+            session.let_through(served.ticket)
         served.session = session
         return await session.run()
 
