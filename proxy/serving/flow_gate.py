@@ -513,6 +513,7 @@ class FlowGate:
         in every worker. A pass over the pool's running requests: made only with
         `fair_share_preemption`, and only while requests wait."""
 
+        @functools.cache  # a cycle asks for a band's counts more than once
         def counts(priority: int) -> dict[str, int]:
             own = {t: len(r) for t, r in self._running_by_tenant(model, priority).items()}
             peers = self._peers
@@ -539,9 +540,11 @@ class FlowGate:
         if not theirs:
             return False
         fewest_here = min(running.get(t, 0) for t in pool.tenants(band))
-        own = {self._tenant_key(t): len(r) for t, r in self._running_by_tenant(model, band).items()}
+        # `running` already sums every worker for the tenants running or waiting here; a
+        # tenant of theirs that is neither runs only what they publish.
+        whole = {self._tenant_key(t): n for t, n in running.items()}
         return any(
-            waiting and r + own.get(key, 0) < fewest_here for key, (r, waiting) in theirs.items()
+            waiting and whole.get(key, r) < fewest_here for key, (r, waiting) in theirs.items()
         )
 
     def _running_by_tenant(
