@@ -162,6 +162,13 @@ async def two_workers(fleet: SimFleet, tmp_path: Path, flow: Any) -> AsyncIterat
         segment.close()
 
 
+async def preemptions(client: httpx.AsyncClient, reason: str) -> float | None:
+    """The proxy's preemption counter for the model, for `reason`."""
+    metrics = (await client.get("/metrics")).text
+    name = "fleet_proxy_flow_control_preemptions_total"
+    return metric(metrics, f'{name}{{model_name="{DEFAULT_MODEL}",reason="{reason}"}}')
+
+
 def metric(text: str, line_start: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(line_start + " "):
@@ -462,12 +469,7 @@ async def suspended_and_resumed(
     assert others[0].result().status_code == 200
     assert not [e for e in events if "error" in e]
     assert text == reference
-    metrics = (await streams.get("/metrics")).text
-    preempted = (
-        "fleet_proxy_flow_control_preemptions_total"
-        f'{{model_name="{DEFAULT_MODEL}",reason="priority"}}'
-    )
-    assert metric(metrics, preempted) == 1
+    assert await preemptions(streams, "priority") == 1
 
 
 async def test_preemption_suspends_a_sheddable_stream_and_resumes_it_token_exact(
@@ -554,12 +556,7 @@ async def seat_taken_for_a_poorer_tenant(
     assert text == reference
     assert not first.done()  # the earlier stream kept its seat throughout
     await release(first)
-    metrics = (await streams.get("/metrics")).text
-    preempted = (
-        "fleet_proxy_flow_control_preemptions_total"
-        f'{{model_name="{DEFAULT_MODEL}",reason="fair_share"}}'
-    )
-    assert metric(metrics, preempted) == 1
+    assert await preemptions(streams, "fair_share") == 1
 
 
 async def test_a_tenant_below_its_share_takes_a_seat_and_the_stream_resumes_token_exact(
