@@ -11,7 +11,8 @@ see one cell newer than the next, which a load estimate tolerates):
     header:  MAGIC, VERSION, workers, slots
     row w:   pid, dispatched, ticks, routable, applied, waiting, top_priority, top_pool,
              published_ms, 0,
-             8 tenant entries: pool, priority, tenant, running, waiting (tenant 0: unused),
+             8 tenant entries: pool, priority, tenant, running, waiting, served
+             (tenant 0: unused),
              then per slot: generation, in_flight, pending, decodes
 
 (`routable`: backends the worker can route to; `applied`: how far into the change log it has
@@ -20,9 +21,11 @@ applied fleet changes. Both let an operator or a test see that every worker is i
 `top_priority` and `top_pool`: the highest band waiting there and its pool's `pool_key` (0: none
 waits), so a worker leaves a pool's room to a higher band waiting in another; `published_ms`:
 when the row was last written, on the system-wide monotonic clock, so a row nobody updates any
-more is not believed. The tenant entries: with fair-share preemption, the requests each tenant
-runs and has waiting in a band of a pool in this worker, those with requests waiting first,
-so every worker compares tenants by what they run in the whole proxy.)
+more is not believed. The tenant entries: the requests each tenant runs (with fair-share
+preemption) and has waiting in a band of a pool in this worker, and the service it received
+there lately (`served`, in thousandths of a request or of a prompt token, decaying; without
+fair-share preemption), those with requests waiting first, so every worker compares tenants
+by what the whole proxy runs for them or served them.)
 
 A slot is keyed by backend id in `SlotTable`. Every worker builds the same table without talking to
 the others: the configured backends take slots 0.. in order, and later admin changes are applied by
@@ -39,14 +42,15 @@ from array import array
 from collections.abc import Iterable, MutableSequence, Sequence
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
+from typing import NamedTuple
 
 from fleet.types import Backend
 
 MAGIC = 0x466C656574506565  # "FleetPee"
-VERSION = 3
+VERSION = 4
 HEADER = 4
 TENANT_ENTRIES = 8
-ENTRY = 5
+ENTRY = 6
 TENANTS_AT = 10  # where a row's tenant entries start
 ROW_HEADER = TENANTS_AT + TENANT_ENTRIES * ENTRY
 CELL = 4
@@ -57,7 +61,7 @@ DEFAULT_SLOTS = 512
 PID, DISPATCHED, TICKS, ROUTABLE, APPLIED, WAITING = 0, 1, 2, 3, 4, 5
 TOP_PRIORITY, TOP_POOL, PUBLISHED_MS = 6, 7, 8
 GENERATION, IN_FLIGHT, PENDING, DECODES = 0, 1, 2, 3
-E_POOL, E_PRIORITY, E_TENANT, E_RUNNING, E_WAITING = 0, 1, 2, 3, 4
+E_POOL, E_PRIORITY, E_TENANT, E_RUNNING, E_WAITING, E_SERVED = 0, 1, 2, 3, 4, 5
 
 
 class LayoutMismatch(RuntimeError):
@@ -176,21 +180,31 @@ class WorkerRow:
 
 @dataclass(frozen=True, slots=True)
 class TenantLoad:
-    """A tenant's requests in one band of one pool of a worker: running, and waiting there."""
+    """A tenant's requests in one band of one pool of a worker: running, and waiting there,
+    and the service it received there lately (`served`: thousandths of a request or of a
+    prompt token, as the fairness policy counts them, decaying with time)."""
 
     pool: int  # pool_key
     priority: int
     tenant: int  # tenant_key
     running: int
     waiting: int
+    served: int = 0
+
+
+class PeerTenant(NamedTuple):
+    """A tenant's loads in one band of one pool, summed over the other workers."""
+
+    running: int
+    waiting: int
+    served: int  # thousandths, decaying: see `TenantLoad`
 
 
 @dataclass(frozen=True, slots=True)
 class QueueSummary:
     """What a worker's flow-control queues hold, as the others see it: how many wait, the
-    highest band waiting with its pool's `pool_key` (0: none), and (with fair-share
-    preemption) up to `TENANT_ENTRIES` tenants' running and waiting counts, those with
-    requests waiting first."""
+    highest band waiting with its pool's `pool_key` (0: none), and up to `TENANT_ENTRIES`
+    tenants' loads, those with requests waiting first."""
 
     count: int = 0
     top_priority: int = 0
@@ -354,7 +368,7 @@ class PeerLoad:
 
 
 def _entry(e: TenantLoad) -> memoryview:
-    return memoryview(array("q", (e.pool, e.priority, e.tenant, e.running, e.waiting)))
+    return memoryview(array("q", (e.pool, e.priority, e.tenant, e.running, e.waiting, e.served)))
 
 
 def _tenants(words: Sequence[int], row: int) -> tuple[TenantLoad, ...]:
@@ -369,6 +383,7 @@ def _tenants(words: Sequence[int], row: int) -> tuple[TenantLoad, ...]:
                     words[i + E_TENANT],
                     words[i + E_RUNNING],
                     words[i + E_WAITING],
+                    words[i + E_SERVED],
                 )
             )
     return tuple(out)

@@ -95,6 +95,10 @@ class FlowControlConfig(BaseModel):
     # Between tenants of a band: `round_robin` (a request each in turn) or `token_weighted`
     # (equal shares of prompt tokens).
     fairness: Literal["round_robin", "token_weighted"] = "round_robin"
+    # With `--workers N` (and no `fair_share_preemption`): tenants are compared by what the
+    # whole proxy served them (requests, or prompt tokens with `token_weighted`), each
+    # dispatch weighing exp(-age / fairness_memory) as it ages (seconds).
+    fairness_memory: float = Field(10.0, gt=0, allow_inf_nan=False)
     # Inside a tenant: `fcfs`, or `las` (least attained service per `x-program-id`).
     ordering: Literal["fcfs", "las"] = "fcfs"
     # With `las`: a request waiting longer than this (seconds) goes before the rest of its

@@ -109,28 +109,29 @@ class FlowQueues:
         saturated: bool,
         now: float,
         elsewhere: int | None = None,
-        running: Callable[[int], Mapping[str, int]] | None = None,
+        usage: Callable[[int], Mapping[str, int]] | None = None,
     ) -> list[Action]:
         """Expired requests to refuse, then, when the pool has room, one to dispatch (the
         caller accounts for it and asks again). `elsewhere`: the highest band waiting for
         this pool in another queue (another worker process); while it is above every band
         here, the room is left to it, so strict priority holds across the queues.
-        `running(priority)`: each tenant's requests running in that band; given, the room goes
-        to a waiting tenant running fewer than the one fairness picked (fewest first)."""
+        `usage(priority)`: what each tenant uses of that band (the requests it runs, or the
+        service it received lately, in the whole proxy); given, the room goes to a waiting
+        tenant using less than the one fairness picked (the least first)."""
         actions: list[Action] = [Reject(w, TTL_EXPIRED) for w in self._expire(now)]
         if not saturated and self.count:
             top = self.top_priority()
             if elsewhere is None or top is None or top >= elsewhere:
-                actions.append(Dispatch(self._next(now, running)))
+                actions.append(Dispatch(self._next(now, usage)))
         return actions
 
-    def _next(self, now: float, running: Callable[[int], Mapping[str, int]] | None) -> Waiting:
+    def _next(self, now: float, usage: Callable[[int], Mapping[str, int]] | None) -> Waiting:
         for priority in self._order:  # strict: the highest band with anything waiting
             band = self._bands[priority]
             if band.count:
                 tenant = band.fairness.pick()
-                if running is not None and len(band.tenants) > 1:
-                    tenant = _fewest_running(tenant, band.tenants, running(priority))
+                if usage is not None and len(band.tenants) > 1:
+                    tenant = _least_using(tenant, band.tenants, usage(priority))
                 queue = band.tenants[tenant]
                 w = self._ordering.pick(queue, now)
                 queue.remove(w)
@@ -211,10 +212,10 @@ class FlowQueues:
         return out
 
 
-def _fewest_running(picked: str, waiting: Iterable[str], running: Mapping[str, int]) -> str:
-    """`picked`, unless a waiting tenant runs fewer requests: then the one running fewest."""
-    fewest = min(waiting, key=lambda t: running.get(t, 0))
-    return fewest if running.get(fewest, 0) < running.get(picked, 0) else picked
+def _least_using(picked: str, waiting: Iterable[str], usage: Mapping[str, int]) -> str:
+    """`picked`, unless a waiting tenant uses less: then the one using least."""
+    least = min(waiting, key=lambda t: usage.get(t, 0))
+    return least if usage.get(least, 0) < usage.get(picked, 0) else picked
 
 
 def fair_share_victim(

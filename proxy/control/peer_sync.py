@@ -27,6 +27,7 @@ from fleet.clock import Clock, SystemClock
 from fleet.peer_load import (
     INITIAL_GENERATION,
     PeerLoad,
+    PeerTenant,
     QueueSummary,
     SlotTable,
     WorkerRow,
@@ -37,6 +38,7 @@ from fleet.types import Backend, BackendSpec, Role
 log = logging.getLogger("fleet_proxy.peer_sync")
 
 Outcome = Literal["ok", "duplicate", "missing"]
+NO_LOAD = PeerTenant(0, 0, 0)
 
 
 def spec_to_change(spec: BackendSpec, op: str = "add") -> Change:
@@ -134,8 +136,8 @@ class PeerSync:
         self.waiting = waiting
         # Per pool key, the highest band waiting in another worker, as of the last exchange.
         self._peer_tops: dict[int, int] = {}
-        # Per (pool key, priority), each tenant key's (running, waiting) in the other workers.
-        self._peer_tenants: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        # Per (pool key, priority), each tenant key's loads in the other workers.
+        self._peer_tenants: dict[tuple[int, int], dict[int, PeerTenant]] = {}
         # Whether any other worker had requests waiting, as of the last exchange.
         self.peers_waiting = False
         self.clock: Clock = clock or SystemClock()
@@ -197,7 +199,7 @@ class PeerSync:
         worker that stopped or is stuck: not believed, or a dead worker's queue would hold a
         pool's lower bands back for good."""
         tops: dict[int, int] = {}
-        tenants: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        tenants: dict[tuple[int, int], dict[int, PeerTenant]] = {}
         any_waiting = False
         fresh_after = round((now - max(1.0, STALE_INTERVALS * self.interval)) * 1000)
         for r in self.peers.rows():
@@ -208,15 +210,17 @@ class PeerSync:
                 tops[r.top_pool] = r.top_priority
             for e in r.tenants:
                 band = tenants.setdefault((e.pool, e.priority), {})
-                running, waiting = band.get(e.tenant, (0, 0))
-                band[e.tenant] = (running + e.running, waiting + e.waiting)
+                running, waiting, served = band.get(e.tenant, NO_LOAD)
+                band[e.tenant] = PeerTenant(
+                    running + e.running, waiting + e.waiting, served + e.served
+                )
         self._peer_tops = tops
         self._peer_tenants = tenants
         self.peers_waiting = any_waiting
 
-    def peer_tenants(self, pool: int, priority: int) -> Mapping[int, tuple[int, int]]:
-        """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other
-        workers, as of the last exchange (tenants they publish: with fair-share preemption)."""
+    def peer_tenants(self, pool: int, priority: int) -> Mapping[int, PeerTenant]:
+        """Per tenant key, its loads in the band `priority` of `pool` in the other workers, as
+        of the last exchange (the tenants they publish)."""
         return self._peer_tenants.get((pool, priority), {})
 
     def peer_top(self, pool: int) -> int | None:

@@ -25,7 +25,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.peer_load import TENANT_ENTRIES, QueueSummary, TenantLoad, pool_key, tenant_key
+from fleet.peer_load import (
+    TENANT_ENTRIES,
+    PeerTenant,
+    QueueSummary,
+    TenantLoad,
+    pool_key,
+    tenant_key,
+)
 from flowcontrol.config import FlowControlConfig
 from flowcontrol.core import (
     BAND_FULL,
@@ -37,9 +44,10 @@ from flowcontrol.core import (
     fair_share_victim,
 )
 from flowcontrol.identity import Identify, Identity
-from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, Waiting
+from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, TokenWeighted, Waiting
 from flowcontrol.rate_table import RateTable
 from flowcontrol.saturation import EndpointSignals, endpoint_load
+from flowcontrol.service_memory import ServiceMemory
 from policies.policy import RequestContext
 from proxy.asgi import Receive
 from proxy.errors import ProxyError
@@ -60,6 +68,10 @@ CLIENT_LEFT = "EvictedContextCancelled"
 # With several workers, the longest a loop waits between two checks while requests wait here
 # or in another worker (seconds).
 PEER_RECHECK = 0.005
+# With several workers, the tenants per pool and band whose recent service is kept (the
+# least recently served are forgotten first): the rows the workers publish are recomputed
+# every sync, and a client can name any tenant in a header.
+SERVED_TENANTS = 256
 # Why a stream was suspended: the `reason` label of the preemption counter.
 PRIORITY = "priority"
 FAIR_SHARE = "fair_share"
@@ -83,7 +95,7 @@ class WorkerPeers(Protocol):
         """The highest band waiting for `pool` (a `pool_key`) in another worker, as of the
         last exchange; None when none waits there."""
 
-    def peer_tenants(self, pool: int, priority: int) -> Mapping[int, tuple[int, int]]:
+    def peer_tenants(self, pool: int, priority: int) -> Mapping[int, PeerTenant]:
         """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other
         workers, as of the last exchange."""
 
@@ -147,14 +159,20 @@ class FlowGate:
         self._peers: WorkerPeers | None = None
         self._pool_keys: dict[str, int] = {}
         self._tenant_keys: dict[str, int] = {}
+        # With several workers and without fair-share preemption: per (pool, band), the
+        # service this worker gave each tenant lately, which the workers add up to compare
+        # tenants over the whole proxy.
+        self._service: dict[tuple[str, int], ServiceMemory[str]] | None = None
         if registry is not None:
             self._bind_metrics(registry)
 
     def join(self, peers: WorkerPeers) -> None:
         """One of several workers: show every worker's waiting count, exchange load with the
-        others before each dispatch cycle, and leave a pool's room to a higher band waiting
-        in another worker."""
+        others before each dispatch cycle, leave a pool's room to a higher band waiting in
+        another worker, and compare tenants by what the whole proxy gives them."""
         self._peers = peers
+        if not self._config.fair_share_preemption:
+            self._service = {}
 
     def queue_summary(self) -> QueueSummary:
         """What waits in this process's queues (published to the other workers): the count,
@@ -164,26 +182,34 @@ class FlowGate:
             priority = pool.top_priority()
             if priority is not None and (top is None or priority > top[0]):
                 top = (priority, model)
-        tenants = self._tenant_loads() if self._config.fair_share_preemption else ()
+        publish = self._config.fair_share_preemption or self._service is not None
+        tenants = self._tenant_loads() if publish else ()
         if top is None:
             return QueueSummary(len(self._waiters), tenants=tenants)
         return QueueSummary(len(self._waiters), top[0], self._pool_key(top[1]), tenants)
 
     def _tenant_loads(self) -> tuple[TenantLoad, ...]:
-        """With fair-share preemption, what each tenant runs and has waiting here, per pool
-        and band, for the other workers: those with requests waiting first."""
+        """What each tenant runs (with fair-share preemption), has waiting and was served
+        lately (without) here, per pool and band, for the other workers: those with requests
+        waiting first, then the busiest."""
         counts: dict[tuple[str, int, str], list[int]] = {}
         for model, running in self._running.items():
             for t, _ in running.values():
                 if t.key not in self._suspended:
-                    counts.setdefault((model, t.priority, t.tenant), [0, 0])[0] += 1
+                    counts.setdefault((model, t.priority, t.tenant), [0, 0, 0])[0] += 1
         for model, pool in self.pools.items():
             for (priority, tenant), n in pool.depths().items():
-                counts.setdefault((model, priority, tenant), [0, 0])[1] += n
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))
+                counts.setdefault((model, priority, tenant), [0, 0, 0])[1] += n
+        if self._service is not None:
+            now = self._core.clock.now()
+            for (model, priority), memory in self._service.items():
+                for tenant, served in memory.items(now):
+                    counts.setdefault((model, priority, tenant), [0, 0, 0])[2] = _milli(served)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1][1], -kv[1][0], -kv[1][2]))
         return tuple(
-            TenantLoad(self._pool_key(m), p, self._tenant_key(t), running, waiting)
-            for (m, p, t), (running, waiting) in ranked[:TENANT_ENTRIES]
+            TenantLoad(self._pool_key(m), p, self._tenant_key(t), running, waiting, served)
+            for (m, p, t), (running, waiting, served) in ranked[:TENANT_ENTRIES]
+            if running or waiting or served
         )
 
     def _tenant_key(self, tenant: str) -> int:
@@ -327,6 +353,17 @@ class FlowGate:
         return dispatched
 
     def _admitted(self, ctx: RequestContext, ticket: FlowTicket) -> FlowTicket:
+        service = self._service
+        if service is not None:
+            memory = service.get((ctx.model, ticket.priority))
+            if memory is None:
+                memory = service[ctx.model, ticket.priority] = ServiceMemory(
+                    self._config.fairness_memory, SERVED_TENANTS
+                )
+            # What the fairness policy counts: a request, or its prompt tokens.
+            tokens = self._config.fairness == TokenWeighted.name
+            amount = max(ctx.prompt_tokens, 1) if tokens else 1
+            memory.add(ticket.tenant, amount, self._core.clock.now())
         if self._config.fair_share_preemption:
             self._running.setdefault(ctx.model, {})[ticket.key] = (ticket, ctx)
             if self._peers is not None:
@@ -470,7 +507,13 @@ class FlowGate:
                 if not full and top is not None and band == top:
                     # Another worker holds a tenant of this band running fewer: the room is
                     # its, as a higher band's would be.
-                    full = self._poorer_elsewhere(model, pool, top, shares(top))
+                    full = self._poorer_elsewhere(model, pool, top, shares(top), _peer_running)
+            elif self._service is not None:
+                top = pool.top_priority()
+                shares = self._served(model, pool, now)
+                if not full and top is not None and (elsewhere is None or top >= elsewhere):
+                    # Another worker holds a tenant of this band the proxy served less.
+                    full = self._poorer_elsewhere(model, pool, top, shares(top), _peer_served)
             for action in pool.decide(full, now, elsewhere, shares):
                 slot = self._waiters.get(action.request.seq)
                 if slot is None or slot.done():
@@ -523,28 +566,57 @@ class FlowGate:
             for tenant in {*own, *pool.tenants(priority)}:
                 elsewhere = theirs.get(self._tenant_key(tenant))
                 if elsewhere is not None:
-                    own[tenant] = own.get(tenant, 0) + elsewhere[0]
+                    own[tenant] = own.get(tenant, 0) + elsewhere.running
             return own
 
         return counts
 
+    def _served(
+        self, model: str, pool: FlowQueues | None, now: float
+    ) -> Callable[[int], dict[str, int]]:
+        """Per band, the service each tenant received lately in `model`'s pool from every
+        worker (thousandths of a request or prompt token): the tenants this worker served
+        or holds waiting."""
+        assert self._service is not None
+        service = self._service
+        peers = self._peers
+
+        @functools.cache
+        def served(priority: int) -> dict[str, int]:
+            memory = service.get((model, priority))
+            own = {t: _milli(v) for t, v in memory.items(now)} if memory is not None else {}
+            theirs = peers.peer_tenants(self._pool_key(model), priority) if peers else None
+            waiting = pool.tenants(priority) if pool is not None else ()
+            for tenant in {*own, *waiting}:
+                elsewhere = theirs.get(self._tenant_key(tenant)) if theirs else None
+                own[tenant] = own.get(tenant, 0) + (elsewhere.served if elsewhere else 0)
+            return own
+
+        return served
+
     def _poorer_elsewhere(
-        self, model: str, pool: FlowQueues, band: int, running: Mapping[str, int]
+        self,
+        model: str,
+        pool: FlowQueues,
+        band: int,
+        usage: Mapping[str, int],
+        measure: Callable[[PeerTenant], int],
     ) -> bool:
-        """Whether another worker has a tenant waiting in `band` that runs fewer requests in
-        the whole proxy than every tenant waiting here."""
+        """Whether another worker has a tenant waiting in `band` that uses less of it in the
+        whole proxy than every tenant waiting here (`usage`: the whole proxy's figure for
+        the tenants this worker knows; `measure`: the same figure in a peer's entry)."""
         peers = self._peers
         if peers is None:
             return False
         theirs = peers.peer_tenants(self._pool_key(model), band)
         if not theirs:
             return False
-        fewest_here = min(running.get(t, 0) for t in pool.tenants(band))
-        # `running` already sums every worker for the tenants running or waiting here; a
-        # tenant of theirs that is neither runs only what they publish.
-        whole = {self._tenant_key(t): n for t, n in running.items()}
+        least_here = min(usage.get(t, 0) for t in pool.tenants(band))
+        # `usage` already sums every worker for the tenants known here; a tenant of theirs
+        # that is not uses only what they publish.
+        whole = {self._tenant_key(t): n for t, n in usage.items()}
         return any(
-            waiting and whole.get(key, r) < fewest_here for key, (r, waiting) in theirs.items()
+            e.waiting and whole.get(key, measure(e)) < least_here for key, e in theirs.items()
         )
 
     def _running_by_tenant(
@@ -568,9 +640,9 @@ class FlowGate:
         pool = self.pools.get(model)
         waiting = [self._tenant_key(t) for t in pool.tenants(band)] if pool is not None else []
         if self._peers is not None:
-            for key, (r, w) in self._peers.peer_tenants(self._pool_key(model), band).items():
-                running[key] = running.get(key, 0) + r
-                if w:
+            for key, e in self._peers.peer_tenants(self._pool_key(model), band).items():
+                running[key] = running.get(key, 0) + e.running
+                if e.waiting:
                     waiting.append(key)
         victim = fair_share_victim(waiting, running, among=names)
         if victim is None:
@@ -739,7 +811,33 @@ class FlowGate:
                 for model, pool in self.pools.items()
             },
             "attained_service": self.ordering.stats(),
+            **self._served_view(now),
         }
+
+    def _served_view(self, now: float) -> dict[str, Any]:
+        """With several workers: per pool and band, what the whole proxy served each tenant
+        lately (requests or prompt tokens, faded), as this worker compares them."""
+        if self._service is None:
+            return {}
+        served: dict[str, dict[str, dict[str, float]]] = {}
+        for model, priority in self._service:
+            tenants = self._served(model, self.pools.get(model), now)(priority)
+            served.setdefault(model, {})[str(priority)] = {
+                t: round(v / 1000, 3) for t, v in sorted(tenants.items())
+            }
+        return {"served_lately": served}
+
+
+def _milli(value: float) -> int:
+    return round(value * 1000)
+
+
+def _peer_running(e: PeerTenant) -> int:
+    return e.running
+
+
+def _peer_served(e: PeerTenant) -> int:
+    return e.served
 
 
 def _finite(value: float) -> float | None:

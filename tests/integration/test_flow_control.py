@@ -209,29 +209,48 @@ async def test_a_higher_band_queued_in_another_worker_takes_the_room_first(
     engine frees, the critical ones go first, although worker 0's requests were queued
     earlier."""
     async with two_workers(one_at_a_time, tmp_path, FLOW) as workers:
-        (app0, app1), (c0, c1) = workers.apps, workers.clients
-        held = await blocker(c0, app0)
-        f0, f1 = Finishes(c0), Finishes(c1)
-        f1.order = f0.order  # one record of the order, whichever worker answered
-        for i in range(4):
-            f0.send(f"batch{i}", {"x-gateway-inference-objective": "batch"})
-            if i == 0:
-                await eventually(lambda: engine_waiting(one_at_a_time) == 1)
-        await eventually(lambda: queued(app0) == 3, what="three sheddable requests queued")
-        await workers.full_to(1)
-        for i in range(2):
-            f1.send(f"critical{i}", {"x-gateway-inference-objective": "critical"})
-        await eventually(lambda: queued(app1) == 2, what="the critical requests queued")
+        order = await queued_in_both_workers(
+            one_at_a_time,
+            workers,
+            ("batch", {"x-gateway-inference-objective": "batch"}),
+            ("critical", {"x-gateway-inference-objective": "critical"}),
+        )
+        assert order == ["batch0", "critical0", "critical1", "batch1", "batch2", "batch3"]
 
-        async def published() -> bool:
-            assert app0.flow is not None
-            return bool(app0.flow.workers_waiting() == {0: 3, 1: 2})
 
-        await eventually(published, what="each worker seeing the other's queue")
-        await release(held)
-        answers = [*await f0.all(), *await f1.all()]
-        assert [r.status_code for r in answers] == [200] * 6
-        assert f0.order == ["batch0", "critical0", "critical1", "batch1", "batch2", "batch3"]
+async def queued_in_both_workers(
+    fleet: SimFleet,
+    workers: TwoWorkers,
+    first: tuple[str, dict[str, str]],
+    then: tuple[str, dict[str, str]],
+) -> list[str]:
+    """Worker 0 holds the engine with a blocker and sends four requests (label and headers
+    `first`): the first waits in the engine, three queue; then two (`then`) queue in worker
+    1. Once each worker sees the other's queue, the blocker is released. Every request is
+    answered; the order they finished in."""
+    (app0, app1), (c0, c1) = workers.apps, workers.clients
+    held = await blocker(c0, app0)
+    f0, f1 = Finishes(c0), Finishes(c1)
+    f1.order = f0.order  # one record of the order, whichever worker answered
+    for i in range(4):
+        f0.send(f"{first[0]}{i}", first[1])
+        if i == 0:
+            await eventually(lambda: engine_waiting(fleet) == 1)
+    await eventually(lambda: queued(app0) == 3, what=f"three {first[0]} requests queued")
+    await workers.full_to(1)
+    for i in range(2):
+        f1.send(f"{then[0]}{i}", then[1])
+    await eventually(lambda: queued(app1) == 2, what=f"the {then[0]} requests queued")
+
+    async def published() -> bool:
+        assert app0.flow is not None
+        return bool(app0.flow.workers_waiting() == {0: 3, 1: 2})
+
+    await eventually(published, what="each worker seeing the other's queue")
+    await release(held)
+    answers = [*await f0.all(), *await f1.all()]
+    assert [r.status_code for r in answers] == [200] * 6
+    return f0.order
 
 
 async def test_a_responses_request_queues_and_goes_by_its_priority(one_at_a_time, tmp_path: Path):
@@ -613,3 +632,61 @@ async def test_a_tenant_waiting_in_one_worker_takes_a_seat_from_one_running_in_a
     async with two_workers(two_seats, tmp_path, FAIR_SHARE) as workers:
         (app0, _), (c0, c1) = workers.apps, workers.clients
         await seat_taken_for_a_poorer_tenant(c0, app0, c1, lambda: workers.full_to(1))
+
+
+# Long enough that nothing a test sees fades measurably, however slow the machine.
+WHOLE_PROXY = {**FLOW, "fairness_memory": 600}
+NOISY = {"x-gateway-fairness-id": "noisy"}
+QUIET = {"x-gateway-fairness-id": "quiet"}
+
+
+async def served_lately(client: httpx.AsyncClient, tenant: str) -> float:
+    """What the whole proxy served `tenant` lately, as the worker `client` reaches sees it."""
+    view = (await client.get("/admin/flow")).json()
+    return float(view["served_lately"].get(DEFAULT_MODEL, {}).get("0", {}).get(tenant, 0.0))
+
+
+async def test_with_two_workers_fairness_counts_what_the_whole_proxy_served(
+    one_at_a_time, tmp_path: Path
+):
+    """Two workers: `noisy` was served four requests through worker 1, then both tenants
+    queue in worker 0. Worker 0 serves `quiet` first: counting only its own dispatches, round
+    robin would alternate from `noisy`, whose queue formed first."""
+    async with two_workers(one_at_a_time, tmp_path, WHOLE_PROXY) as workers:
+        (app0, _), (c0, c1) = workers.apps, workers.clients
+        for _ in range(4):  # one at a time: the pool never saturates, each passes at once
+            r = await c1.post("/v1/completions", json=body(), headers=NOISY)
+            assert r.status_code == 200
+        held = await blocker(c0, app0)
+        f = Finishes(c0)
+        f.send("noisy0", NOISY)
+        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
+        for i in (1, 2):
+            f.send(f"noisy{i}", NOISY)
+        await eventually(lambda: queued(app0) == 2, what="the noisy tenant's requests queued")
+        for i in (0, 1):
+            f.send(f"quiet{i}", QUIET)
+        await eventually(lambda: queued(app0) == 4, what="the quiet tenant's requests queued")
+
+        async def worker_1s_service_seen() -> bool:
+            return await served_lately(c0, "noisy") >= 4.9  # 4 there, noisy0 here
+
+        await eventually(worker_1s_service_seen, what="worker 1's service reaching worker 0")
+        assert await served_lately(c0, "quiet") == 0.0
+        await release(held)
+        assert [r.status_code for r in await f.all()] == [200] * 5
+        assert f.order == ["noisy0", "quiet0", "quiet1", "noisy1", "noisy2"]
+
+
+async def test_a_tenant_served_less_waiting_in_another_worker_takes_the_room_first(
+    one_at_a_time, tmp_path: Path
+):
+    """Two workers: `noisy` queues in worker 0, `quiet` (served nothing yet) in worker 1.
+    When the engine frees, worker 0 leaves the room to worker 1's tenant; from then on the
+    two take turns (a tie lets either go)."""
+    async with two_workers(one_at_a_time, tmp_path, WHOLE_PROXY) as workers:
+        order = await queued_in_both_workers(
+            one_at_a_time, workers, ("noisy", NOISY), ("quiet", QUIET)
+        )
+        assert order[:2] == ["noisy0", "quiet0"], order
+        assert "quiet1" in order[2:4], order

@@ -245,12 +245,12 @@ def test_with_running_counts_the_room_goes_to_the_tenant_running_fewest() -> Non
     qs.add("quiet", now=0.2)
     running = {0: {"noisy": 7, "quiet": 1}}
     # Round robin would serve noisy first (it has waited longest); quiet runs 6 fewer.
-    first = qs.q.decide(False, 1.0, running=running.__getitem__)
+    first = qs.q.decide(False, 1.0, usage=running.__getitem__)
     assert [a.request.tenant for a in first] == ["quiet"]
     # Level (or the picked tenant running fewer): fairness decides as without counts.
     running[0] = {"noisy": 1, "quiet": 1}
     qs.add("quiet", now=0.3)
-    assert [a.request.tenant for a in qs.q.decide(False, 1.0, running=running.__getitem__)] == [
+    assert [a.request.tenant for a in qs.q.decide(False, 1.0, usage=running.__getitem__)] == [
         "noisy"
     ]
 
@@ -267,7 +267,7 @@ def test_running_counts_are_read_per_band_and_only_among_waiting_tenants() -> No
 
     # The higher band goes first whatever it runs, and with one tenant waiting there, no
     # counts are needed.
-    assert [a.request.tenant for a in qs.q.decide(False, 1.0, running=running)] == ["a"]
+    assert [a.request.tenant for a in qs.q.decide(False, 1.0, usage=running)] == ["a"]
     assert asked == []
 
 

@@ -13,6 +13,7 @@ from fleet.peer_load import (
     PeerLayout,
     PeerLoad,
     PeerSegment,
+    PeerTenant,
     QueueSummary,
     TenantLoad,
     pool_key,
@@ -179,16 +180,20 @@ def test_tenants_running_and_waiting_in_the_other_workers_are_summed_per_band(
     quiet, noisy = tenant_key("quiet"), tenant_key("noisy")
     assert quiet != noisy and 0 < quiet < 2**63 and quiet != pool_key("quiet")
     queues[1] = QueueSummary(
-        1, 0, x, (TenantLoad(x, 0, quiet, 0, 1), TenantLoad(x, 0, noisy, 3, 0))
+        1, 0, x, (TenantLoad(x, 0, quiet, 0, 1, 500), TenantLoad(x, 0, noisy, 3, 0, 9_000))
     )
     queues[2] = QueueSummary(
-        0, 0, 0, (TenantLoad(x, 0, noisy, 4, 0), TenantLoad(x, -1, noisy, 2, 0))
+        0, 0, 0, (TenantLoad(x, 0, noisy, 4, 0, 1_250), TenantLoad(x, -1, noisy, 2, 0))
     )
     for s in [*syncs, *syncs]:
         s.exchange()
-    assert dict(syncs[0].peer_tenants(x, 0)) == {quiet: (0, 1), noisy: (7, 0)}
-    assert dict(syncs[0].peer_tenants(x, -1)) == {noisy: (2, 0)}
-    assert dict(syncs[1].peer_tenants(x, 0)) == {noisy: (4, 0)}  # not its own
+    # (running, waiting, served) summed over the other workers.
+    assert dict(syncs[0].peer_tenants(x, 0)) == {
+        quiet: PeerTenant(0, 1, 500),
+        noisy: PeerTenant(7, 0, 10_250),
+    }
+    assert dict(syncs[0].peer_tenants(x, -1)) == {noisy: PeerTenant(2, 0, 0)}
+    assert dict(syncs[1].peer_tenants(x, 0)) == {noisy: PeerTenant(4, 0, 1_250)}  # not its own
     # Only the first TENANT_ENTRIES of a worker's tenants are published.
     many = tuple(TenantLoad(x, 0, tenant_key(f"t{i}"), 1, 0) for i in range(20))
     queues[2] = QueueSummary(0, 0, 0, many)
