@@ -272,7 +272,7 @@ async def noisy(
         else:
             runs = [steady_tenant(c, "quiet", args.quiet_rate, until, quiet)]
         if variant != "alone":
-            crowd = args.noisy_factor * args.engines * args.max_num_seqs
+            crowd = round(args.noisy_factor * args.engines * args.max_num_seqs)
             runs += [tenant_loop(c, "noisy", LONG_PROMPT, 32, until, loud) for _ in range(crowd)]
         await asyncio.gather(*runs)
         preempted = await metric_sum(c, "fleet_proxy_flow_control_preemptions_total")
@@ -561,7 +561,10 @@ async def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--quiet-rate", type=float, default=4.0, help="noisy: A's requests per second")
     p.add_argument(
-        "--noisy-factor", type=int, default=5, help="noisy: B's requests in flight per sequence"
+        "--noisy-factor",
+        type=float,
+        default=5.0,
+        help="noisy: B's requests in flight per sequence (below 1: the fleet never fills)",
     )
     p.add_argument("--ttft-slo", type=float, default=1.0, help="critical TTFT SLO, seconds")
     p.add_argument("--long-programs", type=int, default=16)
