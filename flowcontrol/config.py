@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flowcontrol.rate_limit import Limits
 from flowcontrol.saturation import SaturationThresholds
@@ -128,10 +128,26 @@ class FlowControlConfig(BaseModel):
     # continued token-exact, as with `preemption`). Best with `saturation.max_num_seqs`, so
     # the freed seat is not taken by a request already waiting in the engine.
     fair_share_preemption: bool = False
+    # With `fair_share_preemption` and `saturation.max_num_seqs`: the pool's last free seats
+    # kept for a tenant that runs nothing in the band (one of the pool's top band waiting, or
+    # arriving), so its request starts at once instead of waiting for a suspension. The
+    # tenants already running requests fill the others only.
+    fair_share_reserved_seats: int = Field(0, ge=0)
     # What a refused client is told to wait (seconds) before it tries again.
     retry_after: int = Field(1, ge=0)
     # Requests and tokens per minute per tenant, checked before a request queues.
     rate_limits: RateLimitsConfig | None = None
+
+    @model_validator(mode="after")
+    def _reserve_needs_seats(self) -> FlowControlConfig:
+        if self.fair_share_reserved_seats and not (
+            self.fair_share_preemption and self.saturation.max_num_seqs
+        ):
+            raise ValueError(
+                "fair_share_reserved_seats needs fair_share_preemption: true and "
+                "saturation.max_num_seqs (the seats it keeps are the engines')"
+            )
+        return self
 
     @field_validator("fairness_header", "objective_header", "priority_header")
     @classmethod

@@ -72,19 +72,20 @@ class FlowQueues:
         """When a request of `priority` arriving `now` would expire."""
         return now + self._limits(priority).queue_ttl
 
-    def offer(self, w: Waiting) -> Reject | None:
-        """Enqueue `w`, or the refusal when its band or its tenant's share of it is full."""
+    def offer(self, w: Waiting, elsewhere: tuple[int, int] = (0, 0)) -> Reject | None:
+        """Enqueue `w`, or the refusal when its band or its tenant's share of it is full.
+        `elsewhere`: the requests of its band, and of its tenant in the band, waiting in other
+        queues of the same pool (other worker processes), counted against the limits too."""
         band = self._band(w.priority)
-        if band.count >= band.limits.capacity:
+        in_band, of_tenant = elsewhere
+        if band.count + in_band >= band.limits.capacity:
             return Reject(w, BAND_FULL)
         queue = band.tenants.get(w.tenant)
+        if len(queue or ()) + of_tenant >= band.limits.tenant_capacity:
+            return Reject(w, TENANT_FULL)
         if queue is None:
-            if band.limits.tenant_capacity < 1:
-                return Reject(w, TENANT_FULL)
             band.tenants[w.tenant] = [w]
             band.fairness.activated(w.tenant)
-        elif len(queue) >= band.limits.tenant_capacity:
-            return Reject(w, TENANT_FULL)
         else:
             queue.append(w)
         band.count += 1

@@ -67,6 +67,14 @@ def endpoint_load(s: EndpointSignals, t: SaturationThresholds) -> float:
     return max((s.in_flight + others) / seats, kv)
 
 
+def free_seats(load: float, t: SaturationThresholds) -> int:
+    """With the engines' seats known, how many an endpoint at `load` (`endpoint_load`) has
+    free; 0 without seats."""
+    if t.seats is None or not load < 1.0:
+        return 0
+    return math.floor(t.seats * (1.0 - load) + 1e-9)
+
+
 def pool_saturation(signals: Iterable[EndpointSignals], t: SaturationThresholds) -> float:
     """The least full endpoint's load: the pool is saturated at 1.0 or more (and with no
     endpoint at all)."""

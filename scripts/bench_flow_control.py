@@ -8,8 +8,9 @@ paired runs: the mean difference with its 95% interval (Student's t over the rep
   (`engines x max_num_seqs`) of ~8k-character streamed prompts in flight. Variants: A
   `alone`, no flow control (`off`), flow control as one FIFO queue (`fifo`: every request
   one tenant), `round_robin` and `token_weighted` fairness, the engines' seats configured
-  (`seats`: nothing waits in an engine), and seats with fair-share preemption
-  (`fair_share`). Prints A's TTFT p50 / p90 (baseline: alone) and B's answers.
+  (`seats`: nothing waits in an engine), seats with fair-share preemption (`fair_share`),
+  and with one seat kept for a tenant running nothing (`reserved`). Prints A's TTFT p50 /
+  p90 (baseline: alone) and B's answers.
 - `priorities`: twice the fleet's sequences in flight, half critical streams and half
   sheddable (batch) ones; without flow control, with it, and with it and preemption. Prints
   the critical band's TTFT SLO attainment (`--ttft-slo`), the client errors, the tokens the
@@ -76,6 +77,13 @@ NOISY: dict[str, dict[str, Any] | None] = {
     # The engines' seats (`--max-num-seqs`, filled in when run): nothing waits in an engine.
     "seats": {"saturation": {"max_num_seqs": SEATS}},
     "fair_share": {"saturation": {"max_num_seqs": SEATS}, "fair_share_preemption": True},
+    # And one seat of the pool kept for a tenant running nothing: A starts without waiting for
+    # a suspension, B runs on one seat fewer.
+    "reserved": {
+        "saturation": {"max_num_seqs": SEATS},
+        "fair_share_preemption": True,
+        "fair_share_reserved_seats": 1,
+    },
 }
 BANDS = {"objectives": {"critical": 10, "batch": -1}}
 PRIORITIES: dict[str, dict[str, Any] | None] = {

@@ -46,7 +46,7 @@ from flowcontrol.core import (
 from flowcontrol.identity import Identify, Identity
 from flowcontrol.policies import FAIRNESS, ORDERING, Ordering, TokenWeighted, Waiting
 from flowcontrol.rate_table import RateTable
-from flowcontrol.saturation import EndpointSignals, endpoint_load
+from flowcontrol.saturation import EndpointSignals, endpoint_load, free_seats
 from flowcontrol.service_memory import ServiceMemory
 from policies.policy import RequestContext
 from proxy.asgi import Receive
@@ -152,8 +152,10 @@ class FlowGate:
         # With `fair_share_preemption`: per pool, every request it let through (running, or
         # suspended and waiting again), by ticket key.
         self._running: dict[str, dict[int, tuple[FlowTicket, RequestContext]]] = {}
-        # Per pool, the backends that had no room at its last check that found room.
+        # Per pool, the backends that had no room at its last check that found room, and (with
+        # seats reserved) the seats free at its last check.
         self._no_room: dict[str, tuple[str, ...]] = {}
+        self._free: dict[str, int] = {}
         # With several workers: the other worker processes (`join`), and each pool's key in
         # the rows they share.
         self._peers: WorkerPeers | None = None
@@ -281,6 +283,7 @@ class FlowGate:
             and not self._unbound.get(model)
             and (self._peers is None or not self._behind_peers(model, who.priority))
             and self.saturation(model, now) < 1.0
+            and not (self._reserved(model) and self._runs_any(model, who.priority, who.tenant))
         ):
             self.ordering.credit(ctx.program_id, ctx.prompt_tokens)
             self._observe(who.tenant, who.priority, model, DISPATCHED, 0.0)
@@ -332,7 +335,7 @@ class FlowGate:
 
     def _enqueue(self, pool: FlowQueues, w: Waiting, model: str) -> asyncio.Future[None]:
         """Queue `w`: the future the dispatch loop resolves (or fails with the refusal)."""
-        refused = pool.offer(w)
+        refused = pool.offer(w, self.waiting_elsewhere(model, w.priority, w.tenant))
         if refused is not None:
             self._observe(w.tenant, w.priority, model, OUTCOMES[refused.reason], 0.0)
             raise self._refusal(w, refused.reason)
@@ -340,6 +343,19 @@ class FlowGate:
         self._waiters[w.seq] = slot
         self._kick()
         return slot
+
+    def waiting_elsewhere(self, model: str, priority: int, tenant: str) -> tuple[int, int]:
+        """The requests of the band `priority` of `model`'s pool, and of `tenant` in it, that
+        wait in the other workers (as of the last sync; each publishes its 8 tenants with the
+        most waiting): the band's and tenant's capacities hold for the whole proxy."""
+        peers = self._peers
+        if peers is None:
+            return (0, 0)
+        theirs = peers.peer_tenants(self._pool_key(model), priority)
+        if not theirs:
+            return (0, 0)
+        own = theirs.get(self._tenant_key(tenant))
+        return sum(e.waiting for e in theirs.values()), own.waiting if own is not None else 0
 
     def _leave(self, pool: FlowQueues, w: Waiting, model: str, slot: asyncio.Future[None]) -> bool:
         """`w` stops waiting (dispatched, refused, or its client gone); whether dispatched."""
@@ -428,12 +444,21 @@ class FlowGate:
             ids.append(b.spec.id)
         if not signals:
             return 0.0
-        loads = [endpoint_load(s, self._thresholds) for s in signals]
+        thresholds = self._thresholds
+        loads = [endpoint_load(s, thresholds) for s in signals]
         level = min(loads)
         if level < 1.0:
             # Late binding: the request dispatched now is routed among those with room.
             self._no_room[model] = tuple(i for i, x in zip(ids, loads, strict=True) if x >= 1.0)
+        if self._config.fair_share_reserved_seats:
+            self._free[model] = sum(free_seats(x, thresholds) for x in loads)
         return level
+
+    def _reserved(self, model: str) -> bool:
+        """Whether the room `model`'s pool has left (at its last check) is only the seats kept
+        for tenants running nothing."""
+        reserve = self._config.fair_share_reserved_seats
+        return bool(reserve) and self._free.get(model, 0) <= reserve
 
     # --- the dispatch loop: runs while anything waits
 
@@ -508,6 +533,10 @@ class FlowGate:
                     # Another worker holds a tenant of this band running fewer: the room is
                     # its, as a higher band's would be.
                     full = self._poorer_elsewhere(model, pool, top, shares(top), _peer_running)
+                    if not full and self._reserved(model):
+                        # Only a tenant running nothing may take the seats kept for one.
+                        running = shares(top)
+                        full = all(running.get(t, 0) for t in pool.tenants(top))
             elif self._service is not None:
                 top = pool.top_priority()
                 shares = self._served(model, pool, now)
@@ -618,6 +647,18 @@ class FlowGate:
         return any(
             e.waiting and whole.get(key, measure(e)) < least_here for key, e in theirs.items()
         )
+
+    def _runs_any(self, model: str, priority: int, tenant: str) -> bool:
+        """Whether `tenant` runs a request in the band `priority` of `model`'s pool, in this
+        worker or (as of the last sync) another."""
+        for t, _ in self._running.get(model, {}).values():
+            if t.tenant == tenant and t.priority == priority and t.key not in self._suspended:
+                return True
+        peers = self._peers
+        if peers is None:
+            return False
+        theirs = peers.peer_tenants(self._pool_key(model), priority).get(self._tenant_key(tenant))
+        return theirs is not None and theirs.running > 0
 
     def _running_by_tenant(
         self, model: str, priority: int

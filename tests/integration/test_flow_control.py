@@ -545,6 +545,31 @@ async def test_with_the_seats_known_requests_wait_in_the_proxy_not_the_engine(tw
         assert f.order == ["x", "y", "z"]
 
 
+async def test_a_seat_kept_free_lets_a_tenant_running_nothing_start_without_a_suspension(
+    two_seats,
+):
+    """One of the engine's two seats kept (`fair_share_reserved_seats: 1`): `noisy`'s second
+    request waits in the proxy beside a free seat, which `quiet` then takes at once; no stream
+    is suspended, and `noisy`'s request goes when its first ends."""
+    flow = {**FAIR_SHARE, "fair_share_reserved_seats": 1}
+    engine = two_seats.engines[0].engine.core
+    async with (
+        running_proxy(fast_settings(two_seats.urls, flow_control=flow)) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=120) as c,
+    ):
+        first = asyncio.create_task(c.post("/v1/completions", json=body(100_000), headers=NOISY))
+        await eventually(lambda: engine_running(app) == 1, what="noisy's first request running")
+        second = asyncio.create_task(c.post("/v1/completions", json=body(), headers=NOISY))
+        await eventually(lambda: queued(app) == 1, what="noisy's second request held back")
+        answer = await c.post("/v1/completions", json=body(), headers=QUIET)
+        assert answer.status_code == 200
+        assert len(engine.running) == 1 and engine_waiting(two_seats) == 0
+        assert not second.done() and queued(app) == 1  # the kept seat is free again
+        assert not await preemptions(c, "fair_share")
+        await release(first)
+        assert (await second).status_code == 200
+
+
 async def seat_taken_for_a_poorer_tenant(
     streams: httpx.AsyncClient,
     worker: FleetProxyApp,
@@ -640,6 +665,21 @@ NOISY = {"x-gateway-fairness-id": "noisy"}
 QUIET = {"x-gateway-fairness-id": "quiet"}
 
 
+async def noisy_behind_a_blocker(
+    fleet: SimFleet, app: FleetProxyApp, client: httpx.AsyncClient
+) -> tuple[asyncio.Task[httpx.Response], Finishes]:
+    """The blocker on the engine, `noisy0` waiting in the engine behind it, `noisy1` and
+    `noisy2` queued in `app`: the blocker's task and the noisy requests' record."""
+    held = await blocker(client, app)
+    f = Finishes(client)
+    f.send("noisy0", NOISY)
+    await eventually(lambda: engine_waiting(fleet) == 1)
+    for i in (1, 2):
+        f.send(f"noisy{i}", NOISY)
+    await eventually(lambda: queued(app) == 2, what="two of noisy's requests queued")
+    return held, f
+
+
 async def served_lately(client: httpx.AsyncClient, tenant: str) -> float:
     """What the whole proxy served `tenant` lately, as the worker `client` reaches sees it."""
     view = (await client.get("/admin/flow")).json()
@@ -657,13 +697,7 @@ async def test_with_two_workers_fairness_counts_what_the_whole_proxy_served(
         for _ in range(4):  # one at a time: the pool never saturates, each passes at once
             r = await c1.post("/v1/completions", json=body(), headers=NOISY)
             assert r.status_code == 200
-        held = await blocker(c0, app0)
-        f = Finishes(c0)
-        f.send("noisy0", NOISY)
-        await eventually(lambda: engine_waiting(one_at_a_time) == 1)
-        for i in (1, 2):
-            f.send(f"noisy{i}", NOISY)
-        await eventually(lambda: queued(app0) == 2, what="the noisy tenant's requests queued")
+        held, f = await noisy_behind_a_blocker(one_at_a_time, app0, c0)
         for i in (0, 1):
             f.send(f"quiet{i}", QUIET)
         await eventually(lambda: queued(app0) == 4, what="the quiet tenant's requests queued")
@@ -690,3 +724,31 @@ async def test_a_tenant_served_less_waiting_in_another_worker_takes_the_room_fir
         )
         assert order[:2] == ["noisy0", "quiet0"], order
         assert "quiet1" in order[2:4], order
+
+
+async def test_with_two_workers_a_tenants_queue_limit_holds_for_the_whole_proxy(
+    one_at_a_time, tmp_path: Path
+):
+    """`tenant_capacity: 2`: two of `noisy`'s requests wait in worker 0, so worker 1 refuses
+    its third (503 `tenant_full`) and still queues another tenant's."""
+    flow = {**WHOLE_PROXY, "tenant_capacity": 2}
+    async with two_workers(one_at_a_time, tmp_path, flow) as workers:
+        (app0, app1), (c0, c1) = workers.apps, workers.clients
+        assert app1.flow is not None
+        gate1 = app1.flow
+        held, f = await noisy_behind_a_blocker(one_at_a_time, app0, c0)
+        await workers.full_to(1)
+        await eventually(
+            lambda: gate1.waiting_elsewhere(DEFAULT_MODEL, 0, "noisy") == (2, 2),
+            what="worker 1 seeing worker 0's queue",
+        )
+        refused = await c1.post("/v1/completions", json=body(), headers=NOISY)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "tenant_full"
+        assert refused.headers["retry-after"] == "1"
+        f1 = Finishes(c1)
+        f1.send("quiet0", QUIET)
+        await eventually(lambda: queued(app1) == 1, what="another tenant's request queued")
+        await release(held)
+        answers = [*await f.all(), *await f1.all()]
+        assert [r.status_code for r in answers] == [200] * 4

@@ -192,6 +192,19 @@ def test_a_full_band_or_tenant_refuses_the_newcomer() -> None:
     assert qs.q.count == 3
 
 
+def test_requests_waiting_in_other_queues_count_against_the_limits() -> None:
+    qs = Queues(capacity=4, tenant_capacity=2)
+    qs.add("a")
+    second_of_a = Waiting(99, "a", 0, None, 1, 0.0, 30.0)
+    # One more of tenant a waits in another worker: a's share of the band is full.
+    assert qs.q.offer(second_of_a, elsewhere=(1, 1)) == Reject(second_of_a, TENANT_FULL)
+    # Three of other tenants wait elsewhere: with the one here, the band is full.
+    first_of_b = Waiting(100, "b", 0, None, 1, 0.0, 30.0)
+    assert qs.q.offer(first_of_b, elsewhere=(3, 0)) == Reject(first_of_b, BAND_FULL)
+    assert qs.q.offer(first_of_b, elsewhere=(2, 0)) is None
+    assert qs.q.count == 2
+
+
 def test_bands_have_their_own_limits() -> None:
     limits = {0: BandLimits(30.0, 10, 10), -1: BandLimits(1.0, 1, 1)}
     q = FlowQueues(limits.__getitem__, RoundRobin, FirstComeFirstServed())

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from flowcontrol.config import FlowControlConfig, SaturationConfig
 from flowcontrol.identity import Identify
 from flowcontrol.saturation import (
     EndpointSignals,
     SaturationThresholds,
     endpoint_load,
+    free_seats,
     pool_saturation,
     saturated,
 )
@@ -92,6 +95,22 @@ def test_with_the_engines_seats_known_an_endpoint_has_room_only_while_one_is_fre
     assert saturated([signals(kv=0.8)], SEATS)
     assert saturated([signals(age=0.21)], SEATS)
     assert SaturationConfig.model_validate({"max_num_seqs": 4}).thresholds(0.2).seats == 4
+
+
+def test_free_seats_are_the_seats_an_endpoint_has_left() -> None:
+    assert free_seats(endpoint_load(signals(running=1, in_flight=1), SEATS), SEATS) == 3
+    assert free_seats(endpoint_load(signals(running=4, in_flight=4), SEATS), SEATS) == 0
+    assert free_seats(math.inf, SEATS) == 0  # a stale scrape: none known free
+    assert free_seats(0.5, T) == 0  # seats unknown: none counted
+
+
+def test_seats_are_kept_only_with_fair_share_preemption_and_the_engines_seats() -> None:
+    ok = {"fair_share_preemption": True, "saturation": {"max_num_seqs": 4}}
+    assert FlowControlConfig.model_validate({**ok, "fair_share_reserved_seats": 1})
+    for missing in ("fair_share_preemption", "saturation"):
+        config = {k: v for k, v in ok.items() if k != missing}
+        with pytest.raises(ValueError, match="fair_share_reserved_seats needs"):
+            FlowControlConfig.model_validate({**config, "fair_share_reserved_seats": 1})
 
 
 def ident(**config: object) -> Identify:
