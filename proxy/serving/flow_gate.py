@@ -96,8 +96,9 @@ class WorkerPeers(Protocol):
         last exchange; None when none waits there."""
 
     def peer_tenants(self, pool: int, priority: int) -> Mapping[int, PeerTenant]:
-        """Per tenant key, (running, waiting) in the band `priority` of `pool` in the other
-        workers, as of the last exchange."""
+        """Per tenant key, its requests running and waiting, and the service it received
+        lately, in the band `priority` of `pool` in the other workers, as of the last
+        exchange."""
 
     @property
     def peers_waiting(self) -> bool:
