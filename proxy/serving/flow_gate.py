@@ -586,43 +586,51 @@ class FlowGate:
         in every worker. A pass over the pool's running requests: made only with
         `fair_share_preemption`, and only while requests wait."""
 
-        @functools.cache  # a cycle asks for a band's counts more than once
-        def counts(priority: int) -> dict[str, int]:
-            own = {t: len(r) for t, r in self._running_by_tenant(model, priority).items()}
-            peers = self._peers
-            theirs = peers.peer_tenants(self._pool_key(model), priority) if peers else None
-            if not theirs:
-                return own
-            for tenant in {*own, *pool.tenants(priority)}:
-                elsewhere = theirs.get(self._tenant_key(tenant))
-                if elsewhere is not None:
-                    own[tenant] = own.get(tenant, 0) + elsewhere.running
-            return own
+        def running(priority: int) -> dict[str, int]:
+            return {t: len(r) for t, r in self._running_by_tenant(model, priority).items()}
 
-        return counts
+        return self._whole_proxy(model, pool, running, _peer_running)
 
     def _served(
         self, model: str, pool: FlowQueues | None, now: float
     ) -> Callable[[int], dict[str, int]]:
         """Per band, the service each tenant received lately in `model`'s pool from every
-        worker (thousandths of a request or prompt token): the tenants this worker served
-        or holds waiting."""
+        worker (thousandths of a request or prompt token)."""
         assert self._service is not None
         service = self._service
-        peers = self._peers
 
-        @functools.cache
         def served(priority: int) -> dict[str, int]:
             memory = service.get((model, priority))
-            own = {t: _milli(v) for t, v in memory.items(now)} if memory is not None else {}
-            theirs = peers.peer_tenants(self._pool_key(model), priority) if peers else None
-            waiting = pool.tenants(priority) if pool is not None else ()
-            for tenant in {*own, *waiting}:
-                elsewhere = theirs.get(self._tenant_key(tenant)) if theirs else None
-                own[tenant] = own.get(tenant, 0) + (elsewhere.served if elsewhere else 0)
-            return own
+            return {t: _milli(v) for t, v in memory.items(now)} if memory is not None else {}
 
-        return served
+        return self._whole_proxy(model, pool, served, _peer_served)
+
+    def _whole_proxy(
+        self,
+        model: str,
+        pool: FlowQueues | None,
+        own: Callable[[int], dict[str, int]],
+        measure: Callable[[PeerTenant], int],
+    ) -> Callable[[int], dict[str, int]]:
+        """Per band, a figure per tenant (`own`: this worker's) summed with the other
+        workers' (`measure` of their entries), for the tenants this worker has a figure for
+        or holds waiting."""
+        peers = self._peers
+
+        @functools.cache  # a cycle asks for a band's figures more than once
+        def figures(priority: int) -> dict[str, int]:
+            mine = own(priority)
+            for tenant in pool.tenants(priority) if pool is not None else ():
+                mine.setdefault(tenant, 0)
+            theirs = peers.peer_tenants(self._pool_key(model), priority) if peers else None
+            if theirs:
+                for tenant in mine:
+                    elsewhere = theirs.get(self._tenant_key(tenant))
+                    if elsewhere is not None:
+                        mine[tenant] += measure(elsewhere)
+            return mine
+
+        return figures
 
     def _poorer_elsewhere(
         self,
@@ -652,9 +660,8 @@ class FlowGate:
     def _runs_any(self, model: str, priority: int, tenant: str) -> bool:
         """Whether `tenant` runs a request in the band `priority` of `model`'s pool, in this
         worker or (as of the last sync) another."""
-        for t, _ in self._running.get(model, {}).values():
-            if t.tenant == tenant and t.priority == priority and t.key not in self._suspended:
-                return True
+        if tenant in self._running_by_tenant(model, priority):
+            return True
         peers = self._peers
         if peers is None:
             return False
