@@ -704,9 +704,10 @@ class EngineServer:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
+        # vLLM sends a chat stream's opening (the assistant role) with the engine's first
+        # output, after the prompt's prefill: a router that counts prefill work until the
+        # first bytes sees it end when the engine's does.
         head = writer.head()
-        if head:
-            await resp.write(head)
         faults = self.engine.faults
         tok = self.engine.tokenizer
         try:
@@ -721,10 +722,12 @@ class EngineServer:
                     text = "".join(tok.token_str(t) for t in ids)
                     finish = stop_reason = None
                     cut = True
+                out = head
+                head = b""
                 if ids or finish is not None:
-                    out = writer.token_bytes(ids, text, finish, stop_reason)
-                    if out:  # an empty write would end a chunked answer
-                        await resp.write(out)
+                    out += writer.token_bytes(ids, text, finish, stop_reason)
+                if out:  # an empty write would end a chunked answer
+                    await resp.write(out)
                 if cut:
                     raise _StreamCut
                 if ev.finish_reason is not None:

@@ -97,6 +97,34 @@ async def test_stream_flushes_early_and_disconnect_frees_blocks(
     assert core.counters.finished.get("abort") == 1
 
 
+async def test_a_chat_stream_opens_only_once_the_prompt_is_prefilled(
+    fleet: SimFleet, http: aiohttp.ClientSession
+):
+    # vLLM sends the assistant-role chunk with the engine's first output: a router that counts
+    # a prompt as pending until the first bytes must not see it end before the engine's
+    # prefill does (a 4,000-token prompt takes ~30 ms of wall time at speed 4).
+    server = fleet.engines[0]
+    core = server.engine.core
+    resp = await http.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "word " * 4000}],
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
+    async for raw in resp.content:
+        if raw.startswith(b"data: "):
+            assert orjson.loads(raw[6:])["choices"][0]["delta"]["role"] == "assistant"
+            break
+    (req,) = core.running
+    assert req.output_ids, "the stream opened before the prompt's first token"
+    resp.close()
+    await eventually(lambda: not server.engine.core.running)
+
+
 async def test_a_request_id_of_any_header_bytes_is_taken(fleet: SimFleet):
     """Header values may hold bytes past ASCII that are not UTF-8; vLLM takes them as latin-1."""
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
