@@ -26,7 +26,6 @@ decisions, not seconds, so it means the same at any request rate.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -37,6 +36,7 @@ from fleet.types import Backend
 from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.loads import batch_size, pending_prefill_tokens
 from policies.pickers.rotation import Rotation
+from policies.pickers.spread_window import SpreadWindow
 
 Rule = Literal["imbalance", "owner", "lmetric", "cold"]
 
@@ -62,6 +62,7 @@ class View:
     pending: float  # prefill tokens it has yet to do
     blocks: int  # cached blocks the prefix index holds for it (its footprint)
     recent: int  # times chosen in the current window
+    decoding: float = 0.0  # requests past their first token
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +120,7 @@ class CacheBalancePicker(PluginBase):
         self._index = services.use_prefix_index()
         self.params = params
         self._rotation = Rotation()
-        self._window: deque[str] = deque(maxlen=params.spread_window)
-        self._recent: dict[str, int] = {}
+        self._window = SpreadWindow(params.spread_window)
         self.rules: dict[str, int] = {"imbalance": 0, "owner": 0, "lmetric": 0, "cold": 0}
         self.spread_exclusions = 0
 
@@ -135,11 +135,11 @@ class CacheBalancePicker(PluginBase):
                 cached=tokens - uncached_at.get(b.spec.id, tokens),
                 pending=pending_prefill_tokens(b),
                 blocks=self._index.backend_blocks(b.spec.id),
-                recent=self._recent.get(b.spec.id, 0),
+                recent=self._window.recent(b.spec.id),
             )
             for b in candidates
         ]
-        guard = len(self._window) >= min(self.params.spread_warmup, self.params.spread_window)
+        guard = self._window.warm(self.params.spread_warmup)
         d = decide(views, tokens, self.params, guard, self._rotation.start(len(candidates)))
         if guard:
             mean = sum(v.recent for v in views) / len(views)
@@ -147,7 +147,7 @@ class CacheBalancePicker(PluginBase):
                 self.spread_exclusions += 1
         self.rules[d.rule] += 1
         chosen = candidates[d.index]
-        self._remember(chosen.spec.id)
+        self._window.remember(chosen.spec.id)
         if req.explain:
             for b, v in zip(candidates, views, strict=True):
                 req.note(b.id, "bs", v.bs)
@@ -156,13 +156,6 @@ class CacheBalancePicker(PluginBase):
                 req.note(b.id, "recent_picks", v.recent)
         req.reasons.append(f"cache_balance: {d.rule}")
         return chosen
-
-    def _remember(self, backend_id: str) -> None:
-        if len(self._window) == self._window.maxlen:
-            old = self._window[0]
-            self._recent[old] -= 1
-        self._window.append(backend_id)
-        self._recent[backend_id] = self._recent.get(backend_id, 0) + 1
 
     def stats(self) -> dict[str, int]:
         return {**self.rules, "spread_exclusions": self.spread_exclusions}
