@@ -14,6 +14,7 @@ ALGORITHM_PICKERS = {
     "unified": "unified-picker",
     "autellix": "autellix-picker",
     "cache_balance": "cache-balance-picker",
+    "least_prefill": "least-prefill-picker",
 }
 PREFIX_AWARE = "prefix_aware"
 

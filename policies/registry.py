@@ -34,6 +34,7 @@ from policies.names import policy_names as policy_names  # its home for callers
 from policies.pickers.autellix import AutellixParams, AutellixPicker
 from policies.pickers.baseline import LeastRequestsPicker, PowerOfTwoPicker, RoundRobinPicker
 from policies.pickers.cache_balance import CacheBalanceParams, CacheBalancePicker
+from policies.pickers.least_prefill import LeastPrefillParams, LeastPrefillPicker
 from policies.pickers.lmetric import LMetricPicker
 from policies.pickers.params import NoParams, SeedParams
 from policies.pickers.score import MaxScorePicker, RandomPicker, WeightedRandomPicker
@@ -135,6 +136,9 @@ def plugin_types() -> dict[str, PluginType]:
         ),
         "cache-balance-picker": PluginType(
             "picker", CacheBalanceParams, lambda p, s, n: CacheBalancePicker(p, s, n)
+        ),
+        "least-prefill-picker": PluginType(
+            "picker", LeastPrefillParams, lambda p, s, n: LeastPrefillPicker(p, s, n)
         ),
         "autellix-picker": PluginType(
             "picker", AutellixParams, lambda p, s, n: AutellixPicker(p, n)

@@ -32,9 +32,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleet.prefix import PrefixIndex
 from fleet.types import Backend
 from policies.framework import PluginBase, RoutingServices, SchedulingRequest
-from policies.loads import batch_size, pending_prefill_tokens
+from policies.loads import batch_size, pending_prefill_tokens, running_size
 from policies.pickers.rotation import Rotation
 from policies.pickers.spread_window import SpreadWindow
 
@@ -110,6 +111,27 @@ def decide(
     return Decision(min(under, key=lambda j: (views[j].blocks, views[j].bs)), "cold")
 
 
+def views_of(
+    req: SchedulingRequest, candidates: Sequence[Backend], index: PrefixIndex, window: SpreadWindow
+) -> list[View]:
+    """What a decision reads of each candidate: its load, this prompt's tokens it holds (the
+    precise index where it stands for the backend, else `index`), its footprint in `index`
+    and its count in `window`."""
+    tokens = req.ctx.prompt_tokens
+    uncached_at = req.uncached_by_backend()
+    return [
+        View(
+            bs=batch_size(b),
+            cached=tokens - uncached_at.get(b.spec.id, tokens),
+            pending=pending_prefill_tokens(b),
+            blocks=index.backend_blocks(b.spec.id),
+            recent=window.recent(b.spec.id),
+            decoding=running_size(b),
+        )
+        for b in candidates
+    ]
+
+
 class CacheBalancePicker(PluginBase):
     type = "cache-balance-picker"
 
@@ -128,17 +150,7 @@ class CacheBalancePicker(PluginBase):
         self, req: SchedulingRequest, candidates: Sequence[Backend], totals: Sequence[float]
     ) -> Backend:
         tokens = req.ctx.prompt_tokens
-        uncached_at = req.uncached_by_backend()
-        views = [
-            View(
-                bs=batch_size(b),
-                cached=tokens - uncached_at.get(b.spec.id, tokens),
-                pending=pending_prefill_tokens(b),
-                blocks=self._index.backend_blocks(b.spec.id),
-                recent=self._window.recent(b.spec.id),
-            )
-            for b in candidates
-        ]
+        views = views_of(req, candidates, self._index, self._window)
         guard = self._window.warm(self.params.spread_warmup)
         d = decide(views, tokens, self.params, guard, self._rotation.start(len(candidates)))
         if guard:

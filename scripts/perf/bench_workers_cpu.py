@@ -5,7 +5,11 @@ Starts `fleet-proxy sim` (--engines simulated engines, fast clock) and, for each
 - idle: the proxy's CPU per second with no request at all (--idle seconds), its background
   cost: scrapes, the workers' sync, timers;
 - plain and stream: the proxy's CPU per request served under a bounded wrk load (--duration
-  seconds at --concurrency, 16 tokens non-streamed, then streamed).
+  seconds at --concurrency, 16 tokens non-streamed, then streamed): as fast as it goes, or
+  at about --rate requests per second over all connections (each connection waits
+  concurrency / rate seconds between its requests), so no worker is saturated;
+- marginal CPU per request: the same less the idle CPU per second over the run's seconds,
+  what serving the requests added to the background work.
 The proxy's CPU is the supervisor's and every worker's together (utime + stime from
 /proc/PID/stat), so it can be measured even where the machine is too loaded for throughput
 to mean much; the load average is printed beside every row.
@@ -88,11 +92,18 @@ def wait_workers(base: str, workers: int, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{workers} workers did not all start within {timeout:.0f}s")
 
 
-def wrk(url: str, concurrency: int, duration: float, stream: bool, lua: Path) -> dict[str, float]:
+def wrk(
+    url: str, concurrency: int, duration: float, stream: bool, lua: Path, rate: float | None
+) -> dict[str, float]:
     """wrk's figures, failures (non-2xx answers and socket errors, timeouts included) too."""
-    script = lua / ("stream.lua" if stream else "plain.lua")
+    script = lua / (("stream" if stream else "plain") + ("" if rate is None else f"-{rate:g}"))
     if not script.exists():
-        script.write_text(overhead.LUA % (overhead.SENTENCE, ',"stream":true' if stream else ""))
+        text = overhead.LUA % (overhead.SENTENCE, ',"stream":true' if stream else "")
+        if rate is not None:
+            # wrk waits delay() ms before each request on a connection: the offered rate is
+            # at most concurrency / delay, a little less by the requests' own latency.
+            text += f"function delay() return {1000.0 * concurrency / rate:.3f} end\n"
+        script.write_text(text)
     cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "-s", str(script)]
     out = subprocess.run(
         [*cmd, url], capture_output=True, text=True, timeout=duration + 60, check=True
@@ -134,15 +145,26 @@ def measure(
             time.sleep(args.idle)
             idle = overhead.cpu_seconds(proc.pid) - before
             row["idle_cpu_ms_per_s"] = 1000 * idle / (time.monotonic() - t0)
+            idle_per_s = idle / (time.monotonic() - t0)
             for stream in (False, True):
                 name = "stream" if stream else "plain"
                 before = overhead.cpu_seconds(proc.pid)
-                r = wrk(base + "/v1/completions", args.concurrency, args.duration, stream, lua)
+                t1 = time.monotonic()
+                r = wrk(
+                    base + "/v1/completions",
+                    args.concurrency,
+                    args.duration,
+                    stream,
+                    lua,
+                    args.rate,
+                )
                 cpu = overhead.cpu_seconds(proc.pid) - before
+                background = idle_per_s * (time.monotonic() - t1)
                 n = r["requests"]
                 row[f"{name}_rps"] = r["rps"]
                 row[f"{name}_failed"] = r["failed"]
                 row[f"{name}_cpu_us_per_req"] = 1e6 * cpu / n if n else None
+                row[f"{name}_marginal_us_per_req"] = 1e6 * (cpu - background) / n if n else None
             row["load_average"] = os.getloadavg()[0]
             return row
         finally:
@@ -157,8 +179,10 @@ def line(row: dict[str, object]) -> str:
     return (
         f"{Path(str(row['tree'])).name:>14} workers={row['workers']}"
         f"  idle {row['idle_cpu_ms_per_s']:6.1f} ms CPU/s"
-        f"  plain {us('plain_cpu_us_per_req')} us/req ({row['plain_rps']:6.0f} req/s)"
-        f"  stream {us('stream_cpu_us_per_req')} us/req ({row['stream_rps']:6.0f} req/s)"
+        f"  plain {us('plain_cpu_us_per_req')} us/req, marginal {us('plain_marginal_us_per_req')}"
+        f" ({row['plain_rps']:6.0f} req/s)"
+        f"  stream {us('stream_cpu_us_per_req')} us/req,"
+        f" marginal {us('stream_marginal_us_per_req')} ({row['stream_rps']:6.0f} req/s)"
         f"  failed {row['plain_failed']}+{row['stream_failed']}  load {row['load_average']:.2f}"
     )
 
@@ -169,6 +193,12 @@ def main() -> int:
     p.add_argument("--engines", type=int, default=4, help="simulated engines behind the proxy")
     p.add_argument("--speed", type=float, default=50.0, help="the simulator's clock speed")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="requests per second offered over all connections (default: as fast as it goes)",
+    )
     p.add_argument("--duration", type=float, default=5.0, help="seconds of each wrk run")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of idle measured")
     p.add_argument("--settle", type=float, default=2.0, help="seconds waited after start-up")

@@ -25,6 +25,7 @@ WHOLE_ALGORITHMS = [
     "unified",
     "autellix",
     "cache_balance",
+    "least_prefill",
     "prefix_aware",
 ]
 
