@@ -128,6 +128,7 @@ class LeastPrefillPicker(PluginBase):
                 req.note(b.id, "pending_prefill_tokens", v.pending)
                 req.note(b.id, "cached_tokens", v.cached)
                 req.note(b.id, "index_blocks", v.blocks)
+                req.note(b.id, "decoding", v.decoding)
         req.reasons.append(f"least_prefill: {rule}")
         return chosen
 

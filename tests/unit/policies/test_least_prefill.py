@@ -112,3 +112,17 @@ def test_the_picker_reads_its_index_and_the_pending_tokens_of_each_backend() -> 
     a.load.pending_prefill_tokens = 10_000
     assert policy.pick(ctx(text_blocks(12, "p")), [a, b, c], 0.0).target is b
     assert policy.stats()["least_prefill"] == {"cached": 1, "cold": 4}
+
+
+def test_a_debug_request_shows_each_figure_the_decision_read() -> None:
+    policy = build_policy("least_prefill")
+    a, b = backend("a", in_flight=2, pending=300, decoding=1), backend("b")
+    d = policy.pick(ctx(text_blocks(4, "p"), debug=True), [a, b], 0.0)
+    assert d.target is b
+    assert d.scores["a"] == {
+        "bs": 2,
+        "pending_prefill_tokens": 300,
+        "cached_tokens": 0,
+        "index_blocks": 0,
+        "decoding": 1,
+    }
