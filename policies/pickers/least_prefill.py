@@ -16,9 +16,10 @@ tokens of this prompt the candidate does not hold:
 - uncached(b): this prompt's tokens b does not hold, from the prefix index (the engines'
   KV-cache events where the precise index stands for b, else this process's approximate
   index);
-- decoding(b): requests past their first token on b (`policies.loads.running_size`). Each
-  prefill token computed on b lengthens the step every one of them waits for: with weight 1
-  the product is the delay this choice causes them, beside this request's own wait;
+- decoding(b): requests running on b (`policies.loads.running_size`: the proxy's count past
+  their first token, or the scraped running count, which includes prefills, if larger).
+  Each prefill token computed on b lengthens the step every one of them waits for: with
+  weight 1 the product is the delay this choice causes them, beside this request's own wait;
 - the last term charges a choice for the prefill it makes the fleet repeat: going past the
   candidate holding most of the prompt computes its cached tokens again, and those steps
   delay every later request there.
