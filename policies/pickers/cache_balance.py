@@ -63,7 +63,7 @@ class View:
     pending: float  # prefill tokens it has yet to do
     blocks: int  # cached blocks the prefix index holds for it (its footprint)
     recent: int  # times chosen in the current window
-    decoding: float = 0.0  # requests past their first token
+    decoding: float = 0.0  # running requests (`policies.loads.running_size`)
 
 
 @dataclass(frozen=True, slots=True)
