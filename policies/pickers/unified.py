@@ -20,8 +20,11 @@ Why "auto": paired trials (3 seeds each, a 4-engine simulated H100 fleet, on a s
 machine; docs/policies.md) gave the owner rule a lower TTFT p99 with KV events (1,877 against
 2,675 ms, interval not excluding 0) and a lower TPOT and E2E p90 (intervals excluding 0), with
 requests spread evenly; without events it had a higher TTFT p99 on the chat workload (4,045
-against 3,181 ms, interval excluding 0) and no difference on ShareGPT. A default is changed
-only where trials show it is not worse.
+against 3,181 ms, interval excluding 0) and no difference on ShareGPT. Rechecked after the
+simulator began sending a streamed chat's first bytes with its first token, as vLLM does:
+without events the owner rule was again no different on ShareGPT and worse on the chats (TTFT
+p90 +242 ms, p99 +904 ms, intervals excluding 0). A default is changed only where trials
+show it is not worse.
 
 The ceiling settles an edge case of gate-then-LMetric: an overloaded owner with cache_ratio 1.0
 has 0 uncached tokens, so with no pending prefill its P_tokens x BS is 0 and it wins the
