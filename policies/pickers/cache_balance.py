@@ -36,7 +36,7 @@ from fleet.prefix import PrefixIndex
 from fleet.types import Backend
 from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.loads import batch_size, pending_prefill_tokens, running_size
-from policies.pickers.rotation import Rotation
+from policies.pickers.rotation import Rotation, rotated
 from policies.pickers.spread_window import SpreadWindow
 
 Rule = Literal["imbalance", "owner", "lmetric", "cold"]
@@ -72,11 +72,6 @@ class Decision:
     rule: Rule
 
 
-def _rotated(indices: Sequence[int], start: int) -> list[int]:
-    s = start % len(indices)
-    return [*indices[s:], *indices[:s]]
-
-
 def decide(
     views: Sequence[View], prompt_tokens: int, p: CacheBalanceParams, guard: bool, start: int
 ) -> Decision:
@@ -87,7 +82,7 @@ def decide(
     if guard:
         mean = sum(v.recent for v in views) / n
         pool = [i for i in pool if views[i].recent <= mean * p.spread_factor]
-    pool = _rotated(pool, start)  # min() keeps the first of equals: rotation breaks ties
+    pool = rotated(pool, start)  # min() keeps the first of equals: rotation breaks ties
     bss = [views[i].bs for i in pool]
     lo, hi = min(bss), max(bss)
     if hi - lo > p.balance_abs_threshold and hi > p.balance_rel_threshold * lo:

@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet.types import Backend
 from policies.framework import PluginBase, RoutingServices, SchedulingRequest
 from policies.pickers.cache_balance import View, views_of
-from policies.pickers.rotation import Rotation
+from policies.pickers.rotation import Rotation, rotated
 from policies.pickers.spread_window import SpreadWindow
 
 Rule = Literal["cached", "cold"]
@@ -80,8 +80,7 @@ def decide(
     if guard and p.spread_factor is not None:
         mean = sum(v.recent for v in views) / n
         pool = [i for i in pool if views[i].recent <= mean * p.spread_factor]
-    s = start % len(pool)
-    pool = [*pool[s:], *pool[:s]]  # min() keeps the first of equals: rotation breaks ties
+    pool = rotated(pool, start)  # min() keeps the first of equals: rotation breaks ties
     avg = sum(views[i].bs for i in pool) / len(pool)
     under = [i for i in pool if views[i].bs <= avg * p.ceiling_factor] or pool
     most_cached = max(views[i].cached for i in under)

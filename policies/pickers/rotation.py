@@ -3,6 +3,8 @@ always landing on the first candidate."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class Rotation:
     def __init__(self) -> None:
@@ -12,3 +14,9 @@ class Rotation:
         s = self._count % n
         self._count += 1
         return s
+
+
+def rotated(indices: Sequence[int], start: int) -> list[int]:
+    """`indices` starting at position `start` (mod their count), wrapping around."""
+    s = start % len(indices)
+    return [*indices[s:], *indices[:s]]

@@ -14,9 +14,6 @@ class SpreadWindow:
         self._window: deque[str] = deque(maxlen=size)
         self._counts: dict[str, int] = {}
 
-    def __len__(self) -> int:
-        return len(self._window)
-
     def recent(self, backend_id: str) -> int:
         """Times `backend_id` was chosen in the window."""
         return self._counts.get(backend_id, 0)
