@@ -277,13 +277,14 @@ class PeerLoad:
         applied: int = 0,
         waiting: QueueSummary | None = None,
         now: float = 0.0,
-    ) -> None:
+    ) -> bool:
         """Write this worker's row: every slotted backend's own load, and zeroes for the
         slots it wrote last time whose backend has gone. `now`: the monotonic clock, in
-        seconds."""
+        seconds. Whether the row holds anything: a backend's load or a waiting request."""
         words, layout, own = self.words, self.layout, self.worker
         row = layout.row(own)
         dispatched = 0
+        holds = False
         written: set[int] = set()
         for b in backends:
             load = b.load
@@ -297,6 +298,7 @@ class PeerLoad:
             words[i + IN_FLIGHT] = load.in_flight
             words[i + PENDING] = load.pending_prefill_tokens
             words[i + DECODES] = load.running_decodes
+            holds = holds or bool(load.in_flight or load.pending_prefill_tokens)
             written.add(slot)
         for slot in self._written - written:
             i = layout.cell(own, slot)
@@ -320,6 +322,7 @@ class PeerLoad:
         if at < end:
             words[at:end] = _zeros(end - at)
         words[row + PUBLISHED_MS] = round(now * 1000)
+        return holds or queues.count > 0
 
     def absorb(self, backends: Iterable[Backend], slots: SlotTable) -> None:
         """Set every backend's `Load.peer_*` from the other workers' rows."""

@@ -83,6 +83,7 @@ class StateRoutes:
                     "routable": r.routable,
                     "changes_applied_to": r.applied,
                     "flow_control_waiting": r.waiting,
+                    "sync_steps": r.ticks,
                 }
                 for r in sync.rows()
             ],

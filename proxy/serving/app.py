@@ -63,6 +63,7 @@ from proxy.serving.access import (
 )
 from proxy.serving.admission import AdmissionGate, AdmittedHandler
 from proxy.serving.flow_gate import FlowGate
+from proxy.serving.peer_touch import PeerTouch
 from proxy.serving.version import installed_version
 from proxy.serving.wiring import ProxyCore
 from proxy.settings import Settings
@@ -82,6 +83,7 @@ class FleetProxyApp:
         control_app: FastAPI,
         keys: KeyCheck | None = None,
         flow: FlowGate | None = None,
+        sync: PeerSync | None = None,
     ) -> None:
         self.core = core
         self.flow = flow
@@ -133,6 +135,9 @@ class FleetProxyApp:
                 allow_headers=s.cors_allow_headers,
                 allow_credentials=s.cors_allow_credentials,
             )
+        if sync is not None:
+            # Outermost: every request, refused ones too, keeps the workers' sync in step.
+            self.asgi = PeerTouch(self.asgi, sync)
 
     @property
     def metrics(self) -> RouterMetrics:
@@ -381,6 +386,6 @@ def create_app(
     Instrumentator(registry=core.prom).instrument(control).expose(control, include_in_schema=False)
     control.state.planner = planner
     control.state.discovery = None  # the running DiscoveryLoop, once started
-    app = FleetProxyApp(core, control, keys, flow)
+    app = FleetProxyApp(core, control, keys, flow, sync)
     served.append(app)
     return app

@@ -14,6 +14,7 @@ from fleet.peer_load import (
     PeerLayout,
     PeerLoad,
     PeerSegment,
+    QueueSummary,
     SlotTable,
     peer_sums,
     read_layout,
@@ -164,3 +165,23 @@ def test_stopping_worker_clears_its_row(
     w1.absorb([a1], slots)
     assert a1.load.peer_in_flight == 0
     assert w1.rows()[0].pid == 0
+
+
+def test_publish_says_whether_the_row_holds_load_or_waiting_requests(
+    segment: PeerSegment,
+) -> None:
+    w0 = PeerLoad.attach(segment.name, 0)
+    slots = SlotTable(4)
+    slots.assign("a", INITIAL_GENERATION)
+    (a,) = backends("a")
+    a.load.dispatched_total = 5  # served earlier: nothing held now
+    assert w0.publish([a], slots, pid=1, tick=1) is False
+    a.load.in_flight = 1
+    assert w0.publish([a], slots, pid=1, tick=2) is True
+    a.load.in_flight = 0
+    a.load.pending_prefill_tokens = 40
+    assert w0.publish([a], slots, pid=1, tick=3) is True
+    a.load.pending_prefill_tokens = 0
+    assert w0.publish([a], slots, pid=1, tick=4, waiting=QueueSummary(count=2)) is True
+    assert w0.publish([a], slots, pid=1, tick=5) is False
+    w0.close()
