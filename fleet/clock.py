@@ -26,3 +26,10 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self._t += seconds
+
+
+def to_next_beat(now: float, period: float) -> float:
+    """Seconds from `now` to the next multiple of `period` on the same clock. Periodic tasks
+    that sleep this long rather than `period` wake together, the loop once per beat for all of
+    them: each wake-up of an idle process costs more CPU than most periodic work."""
+    return period - (now % period)

@@ -17,7 +17,7 @@ from typing import Protocol
 import httpx
 import orjson
 
-from fleet.clock import Clock
+from fleet.clock import Clock, to_next_beat
 from fleet.health import HealthReports, failure_detail
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, EngineMetrics, MetricsSnapshot
@@ -84,9 +84,10 @@ class Scraper:
     async def run(self) -> None:
         """Keep one polling loop per registered backend until cancelled."""
         try:
+            loop = asyncio.get_running_loop()
             while True:
                 self.sync_loops()
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(to_next_beat(loop.time(), self.interval))
         finally:
             for _, task in self._loops.values():
                 task.cancel()
@@ -110,6 +111,7 @@ class Scraper:
     async def _poll(self, backend: Backend) -> None:
         next_health = 0.0
         next_models = 0.0
+        loop = asyncio.get_running_loop()
         while True:
             now = self.clock.now()
             share = self.share
@@ -129,7 +131,8 @@ class Scraper:
                 next_models = now + self.models_interval
             if backend.healthy:
                 await self.refresh_metrics(backend)
-            await asyncio.sleep(self.interval)
+            # On the beat: every backend's loop (and run's) wakes the process once per interval.
+            await asyncio.sleep(to_next_beat(loop.time(), self.interval))
 
     async def refresh_metrics(self, backend: Backend) -> None:
         share = self.share

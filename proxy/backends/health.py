@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fleet.clock import Clock
+from fleet.clock import Clock, to_next_beat
 from fleet.health import judge_check
 from fleet.live import LiveTable
 from fleet.outliers import Eject, EjectionState
@@ -118,8 +118,9 @@ class BackendHealth:
     # --- outcome-based ejection's loop
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(to_next_beat(loop.time(), TICK_S))
             try:
                 self.tick()
             except Exception:  # one bad tick must not end ejection for good

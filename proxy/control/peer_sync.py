@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from fleet.change_log import Change, ChangeLog
 from fleet.changes import add_backend
-from fleet.clock import Clock, SystemClock
+from fleet.clock import Clock, SystemClock, to_next_beat
 from fleet.peer_load import (
     INITIAL_GENERATION,
     PeerLoad,
@@ -238,8 +238,11 @@ class PeerSync:
         if self._timer is not None:
             self._timer.cancel()
         busy = self._busy or self.inside > 0
+        now = self._loop.time()
         delay = timer_delay(self.interval, busy)
-        self._timer = self._loop.call_at(self._loop.time() + delay, self._safe_step)
+        if not busy:  # on the beat, with the process's other idle timers: one wake-up
+            delay = to_next_beat(now, delay)
+        self._timer = self._loop.call_at(now + delay, self._safe_step)
 
     def exchange(self) -> None:
         """Publish this worker's load now and read the others' (every step, and between two

@@ -1,0 +1,29 @@
+"""Periodic tasks sleep to the next beat of their period, so tasks of one period wake the
+process together."""
+
+import pytest
+
+from fleet.clock import to_next_beat
+
+
+@pytest.mark.parametrize(
+    ("now", "period", "expected"),
+    [
+        (10.0, 0.25, 0.25),  # on a beat: a whole period to the next
+        (10.05, 0.2, 0.15),
+        (10.249, 0.25, 0.001),
+        (3.7, 1.0, 0.3),
+    ],
+)
+def test_the_delay_reaches_the_next_multiple_of_the_period(
+    now: float, period: float, expected: float
+) -> None:
+    delay = to_next_beat(now, period)
+    assert delay == pytest.approx(expected, abs=1e-9)
+    assert 0 < delay <= period
+
+
+def test_tasks_started_at_different_moments_wake_at_the_same_instant() -> None:
+    period = 0.2
+    wakes = {round(now + to_next_beat(now, period), 9) for now in (100.01, 100.07, 100.13, 100.19)}
+    assert wakes == {100.2}
