@@ -12,9 +12,9 @@ has passed since the last step, so a busy worker steps about every I without a t
 own, and the last request to leave steps at once; a timer steps 2 x I after the last step
 while the worker holds requests or load (a long stream with nothing arriving), and 0.25 s
 (or I, if longer) after it when it holds none: its row is then already all zeroes, and a
-request steps before it is routed once I has passed. Each timer wake-up
-costs a process more than the step itself (about 200 us of CPU on a small VM against 10 us for
-a step), so a worker that is idle or already woken by requests keeps its timer quiet.
+request steps before it is routed once I has passed. Each timer wake-up costs a process more
+than the step itself (about 200 us of CPU on a small VM against 10 us for a step), so a
+worker that is idle or already woken by requests keeps its timer quiet.
 
 The admin API changes the fleet through a `FleetChanges` (fleet/changes.py): with one worker
 `LocalChanges` changes the registry directly; with several `SharedChanges` appends to the log
