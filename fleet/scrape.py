@@ -131,8 +131,14 @@ class Scraper:
                 next_models = now + self.models_interval
             if backend.healthy:
                 await self.refresh_metrics(backend)
-            # On the beat: every backend's loop (and run's) wakes the process once per interval.
-            await asyncio.sleep(to_next_beat(loop.time(), self.interval))
+            if follows:
+                # Reads of the first worker's results, cheap: every backend's loop wakes this
+                # worker once per interval, on the beat.
+                await asyncio.sleep(to_next_beat(loop.time(), self.interval))
+            else:
+                # Own scrapes stay spread over the interval: their parses, taken together,
+                # would stall the event loop for every request at once.
+                await asyncio.sleep(self.interval)
 
     async def refresh_metrics(self, backend: Backend) -> None:
         share = self.share
