@@ -17,6 +17,23 @@ from tests.real_vllm.tier import (
     unavailable,
 )
 
+PROXY_LOG_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    """A failed test's report carries the end of each proxy log in its tmp_path: a proxy
+    that dropped a connection or exited says why there, and CI keeps only the report."""
+    report: pytest.TestReport = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path):
+        for log in sorted(tmp_path.glob("proxy-*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-PROXY_LOG_LINES:]
+            report.sections.append((f"{log.name} (last {len(lines)} lines)", "\n".join(lines)))
+    return report
+
 
 @pytest.fixture(scope="session")
 def tier() -> Tier:
