@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,11 +23,11 @@ PROXY_LOG_LINES = 80
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> Iterator[pytest.TestReport]:
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failed test's report carries the end of each proxy log in its tmp_path: a proxy
     that dropped a connection or exited says why there, and CI keeps only the report."""
     report: pytest.TestReport = yield
-    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    tmp_path = item.funcargs.get("tmp_path") if isinstance(item, pytest.Function) else None
     if report.failed and isinstance(tmp_path, Path):
         for log in sorted(tmp_path.glob("proxy-*.log")):
             lines = log.read_text(errors="replace").splitlines()[-PROXY_LOG_LINES:]
