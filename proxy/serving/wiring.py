@@ -25,13 +25,14 @@ from fleet.prompt_tokens import (
     RemoteTokenizer,
 )
 from fleet.registry import FleetRegistry
-from fleet.scrape import MetricsShare, Scraper
+from fleet.scrape import MetricsPages, MetricsShare, Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
 from policies.policy import Policy
 from policies.registry import build_policy, build_routing
 from policies.scheduler import Scheduler
 from proxy.backends.health import BackendHealth
+from proxy.backends.metrics_pages import PooledMetricsPages
 from proxy.backends.upstream import Upstream, UpstreamPool, split_url
 from proxy.control.request_log import JsonRequestLog
 from proxy.metrics import BackendStateCollector, RouterMetrics
@@ -177,6 +178,9 @@ class ProxyCore:
         # legs and moves (the pool), scrapes, health checks, /v1/models, /tokenize (httpx).
         auth = backend_authorization(s)
         upstream = self._given_upstream
+        # Scrapes read /metrics over the pool built here; a stand-in pool answers only the
+        # requests a test forwards, so with one the scrapes stay on httpx.
+        pages: MetricsPages | None = None
         if upstream is None:
             upstream = UpstreamPool(
                 connect_timeout=s.connect_timeout,
@@ -184,6 +188,7 @@ class ProxyCore:
                 max_idle_per_origin=s.max_idle_connections_per_backend,
                 fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
             )
+            pages = PooledMetricsPages(upstream, s.scrape_timeout)
         self.upstream = upstream
         self.control_client = httpx.AsyncClient(
             timeout=s.scrape_timeout,
@@ -208,6 +213,7 @@ class ProxyCore:
             models_interval=s.models_interval,
             timeout=s.scrape_timeout,
             health=self.health,
+            pages=pages,
             health_path=s.health_check_path,
             share=self.metrics_share,
         )
