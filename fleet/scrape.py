@@ -7,7 +7,7 @@ failed scrape leaves the snapshot to go stale. With several worker processes a `
 lets one of them scrape /metrics and check health for all (proxy/control/shared_scrapes.py).
 
 /metrics is read several times a second per backend, so its reader is injected
-(`MetricsPages`): the proxy reads it over its forwarding pool, whose request costs a fifth of
+(`MetricsPages`): the proxy reads it over its own HTTP client, whose request costs a fifth of
 httpx's in CPU (docs/performance.md); health checks and /v1/models, a few a second at most,
 use the httpx client.
 """

@@ -25,7 +25,7 @@ from fleet.prompt_tokens import (
     RemoteTokenizer,
 )
 from fleet.registry import FleetRegistry
-from fleet.scrape import MetricsPages, MetricsShare, Scraper
+from fleet.scrape import MetricsShare, Scraper
 from fleet.tokens import TokenCounter
 from fleet.types import Backend
 from policies.policy import Policy
@@ -158,6 +158,7 @@ class ProxyCore:
         self.tokens: TokenCounter | None = None  # built in start(): remote mode needs a client
         self._given_upstream = upstream
         self.upstream: Upstream | None = None  # the forwarding client, from start() on
+        self.page_pool: UpstreamPool | None = None  # the scrapes' client, from start() on
         self.control_client: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         # Set when a stop's grace period is over and the server closes the connections left:
@@ -178,9 +179,6 @@ class ProxyCore:
         # legs and moves (the pool), scrapes, health checks, /v1/models, /tokenize (httpx).
         auth = backend_authorization(s)
         upstream = self._given_upstream
-        # Scrapes read /metrics over the pool built here; a stand-in pool answers only the
-        # requests a test forwards, so with one the scrapes stay on httpx.
-        pages: MetricsPages | None = None
         if upstream is None:
             upstream = UpstreamPool(
                 connect_timeout=s.connect_timeout,
@@ -188,8 +186,18 @@ class ProxyCore:
                 max_idle_per_origin=s.max_idle_connections_per_backend,
                 fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
             )
-            pages = PooledMetricsPages(upstream, s.scrape_timeout)
         self.upstream = upstream
+        # /metrics, read several times a second per backend, over a pool of the same kind
+        # (a fifth of httpx's CPU per read) but its own: a forwarded request never rides a
+        # connection a scrape left idle, where the pool would send it again on a fresh one if
+        # the backend dropped it unanswered (its keep-alive race rule), and a request that
+        # crashes engines would reach each twice.
+        self.page_pool = UpstreamPool(
+            connect_timeout=s.connect_timeout,
+            read_timeout=s.scrape_timeout,
+            max_idle_per_origin=1,
+            fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
+        )
         self.control_client = httpx.AsyncClient(
             timeout=s.scrape_timeout,
             limits=httpx.Limits(max_connections=256),
@@ -213,7 +221,7 @@ class ProxyCore:
             models_interval=s.models_interval,
             timeout=s.scrape_timeout,
             health=self.health,
-            pages=pages,
+            pages=PooledMetricsPages(self.page_pool, s.scrape_timeout),
             health_path=s.health_check_path,
             share=self.metrics_share,
         )
@@ -223,8 +231,11 @@ class ProxyCore:
             self._tasks.append(asyncio.create_task(self.rescheduler.run(), name="rescheduler"))
 
     def _forget_backend(self, backend_id: str) -> None:
+        origins = {split_url(b.url)[0] for b in self.fleet}
         if self.upstream is not None:
-            self.upstream.retain_origins({split_url(b.url)[0] for b in self.fleet})
+            self.upstream.retain_origins(origins)
+        if self.page_pool is not None:
+            self.page_pool.retain_origins(origins)
 
     def upstream_pool(self) -> Upstream:
         """The forwarding client; exists from start() on."""
@@ -253,6 +264,8 @@ class ProxyCore:
         self._tasks.clear()
         if self.upstream is not None:
             await self.upstream.close()
+        if self.page_pool is not None:
+            await self.page_pool.close()
         if self.control_client is not None:
             await self.control_client.aclose()
         if self.request_log is not None:

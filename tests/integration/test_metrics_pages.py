@@ -1,4 +1,4 @@
-"""Backends' /metrics pages read over the forwarding pool, against raw asyncio servers on
+"""Backends' /metrics pages read over the proxy's own HTTP client, against raw asyncio servers on
 127.0.0.1 that write exact bytes, the scraper taking its snapshots through it, and a started
 proxy doing so."""
 
@@ -211,6 +211,9 @@ async def test_a_started_proxy_scrapes_over_its_pool_and_checks_health_over_http
             return any(h.startswith(b"GET /metrics ") for h in server.heads)
 
         await eventually(scraped, within=30, what="a /metrics scrape")
+        # Not over the forwarding pool: a forwarded request never finds a scrape's connection.
+        pool = core.upstream_pool()
+        assert isinstance(pool, UpstreamPool) and pool.origins() == []
     finally:
         await core.stop()
     by_path = {h.split(b" ")[1]: h.lower() for h in server.heads}
