@@ -222,6 +222,8 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._stopped = False  # refused: what else arrives is ignored
         self._deferred: bytes | None = None  # a refusal waiting for an earlier response
         self._address: str | None = None  # the client's, once in the table
+        self._opened_at = 0.0  # loop time; with _heads, what a header timeout reports
+        self._heads = 0  # request heads received
 
     # --- connection ---
 
@@ -255,6 +257,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         client = self.client
         self._address = client[0] if client else ""
         table.opened(self, self._address)
+        self._opened_at = self.loop.time()
         self._head_timer = self.loop.call_later(rules.header_timeout, self._header_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -350,6 +353,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_slack = 0
         self._body_bytes = 0
+        self._heads += 1
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -386,10 +390,11 @@ class FrontDoorProtocol(HttpToolsProtocol):
         answer: bool = True,
         error_type: str = "invalid_request_error",
         extra_headers: Iterable[tuple[bytes, bytes]] = (),
+        detail: str = "",
     ) -> None:
         self._stopped = True
         self._cancel_timers()
-        self._stats.refused(reason)
+        self._stats.refused(reason, detail)
         response = (
             error_response(
                 status,
@@ -455,6 +460,10 @@ class FrontDoorProtocol(HttpToolsProtocol):
             "header_timeout",
             f"request headers not received within {self._rules.header_timeout:g} s",
             answer=self._head_bytes > 0,
+            detail=(
+                f"open {self.loop.time() - self._opened_at:.1f} s, {self._heads} request "
+                f"head(s) before, {self._head_bytes} byte(s) of this one"
+            ),
         )
 
     def _body_timed_out(self) -> None:

@@ -53,15 +53,20 @@ class FrontDoorStats:
         self._clock = clock
         self._last_warning = -math.inf
         self._unreported: dict[str, int] = {}
+        # The state of the last connection refused for a reason, where the refusal gave it:
+        # what tells a client's own slowness from a connection the server mistook for idle.
+        self._details: dict[str, str] = {}
         if metrics is not None:
             metrics.client_connections.set_function(lambda: len(self.connections))
             for reason in REASONS:  # each series from 0, for rates and alerts
                 metrics.client_refused.labels(reason)
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: str, detail: str = "") -> None:
         if self._metrics is not None:
             self._metrics.client_refused.labels(reason).inc()
         self._unreported[reason] = self._unreported.get(reason, 0) + 1
+        if detail:
+            self._details[reason] = detail
         now = self._clock()
         if now - self._last_warning < self._warn_every:
             return
@@ -69,9 +74,12 @@ class FrontDoorStats:
         counts = ", ".join(f"{r} {n}" for r, n in sorted(self._unreported.items()))
         total = sum(self._unreported.values())
         self._unreported = {}
+        details = "".join(f"; last {r}: {d}" for r, d in sorted(self._details.items()))
+        self._details = {}
         log.warning(
-            "refused %d client connection(s) since the last report (%s); %d open",
+            "refused %d client connection(s) since the last report (%s); %d open%s",
             total,
             counts,
             len(self.connections),
+            details,
         )

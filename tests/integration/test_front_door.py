@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -306,11 +308,12 @@ async def test_headers_dribbled_get_408_after_the_header_timeout(backend):
 
 
 async def test_next_request_on_a_kept_connection_has_its_header_timeout_from_its_first_byte(
-    backend,
+    backend, caplog
 ):
     settings = fast_settings(
         [backend.url], client_header_timeout=1.0, client_keep_alive_timeout=30.0
     )
+    caplog.set_level(logging.WARNING, logger="fleet_proxy.front_door")
     async with running_proxy(settings) as (url, app):
         raw = await RawClient.connect(url)
         dribbler = None
@@ -336,6 +339,13 @@ async def test_next_request_on_a_kept_connection_has_its_header_timeout_from_its
         assert [r.status for r in responses] == [200, 408]
         assert time.monotonic() - first_byte >= 0.8
         assert refused(app, "header_timeout") == 1
+    # The report says what the connection had done: one request, then part of a head.
+    report = "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(
+        r"last header_timeout: open \d+\.\d s, 1 request head\(s\) before, [1-9]\d* byte\(s\) "
+        "of this one",
+        report,
+    ), report
 
 
 async def test_body_dribbled_gets_408_and_the_app_sees_a_disconnect(backend):
@@ -437,8 +447,9 @@ async def test_bytes_after_the_headers_are_bounded_on_every_route(backend, route
         assert refused(app, "body_too_large") == 1
 
 
-async def test_fresh_connection_that_sends_nothing_is_closed_without_answer(backend):
+async def test_fresh_connection_that_sends_nothing_is_closed_without_answer(backend, caplog):
     settings = fast_settings([backend.url], client_header_timeout=1.0)
+    caplog.set_level(logging.WARNING, logger="fleet_proxy.front_door")
     async with running_proxy(settings) as (url, app):
         raw = await RawClient.connect(url)
         opened = time.monotonic()
@@ -448,6 +459,10 @@ async def test_fresh_connection_that_sends_nothing_is_closed_without_answer(back
             raw.close()
         assert time.monotonic() - opened >= 0.8
         assert refused(app, "header_timeout") == 1
+    report = "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(
+        r"last header_timeout: open \d+\.\d s, 0 request head\(s\) before, 0 byte\(s\)", report
+    ), report
 
 
 async def test_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(backend):

@@ -157,20 +157,24 @@ def test_refusals_are_counted_and_reported_at_most_every_10_s(
         for _ in range(5):
             now[0] += 1.0
             stats.refused("connection_limit")
-        stats.refused("header_timeout")
+        stats.refused("header_timeout", "open 10.0 s, 0 request head(s) before")
         now[0] += 5.0  # 11 s after the first report
         stats.refused("connection_limit")
+        now[0] += 11.0
+        stats.refused("connection_limit")  # the detail went with the report before
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [
         "refused 1 client connection(s) since the last report (connection_limit 1); 2 open",
         "refused 7 client connection(s) since the last report "
-        "(connection_limit 6, header_timeout 1); 2 open",
+        "(connection_limit 6, header_timeout 1); 2 open; "
+        "last header_timeout: open 10.0 s, 0 request head(s) before",
+        "refused 1 client connection(s) since the last report (connection_limit 1); 2 open",
     ]
     assert (
         registry.get_sample_value(
             "fleet_proxy_client_connections_refused_total", {"reason": "connection_limit"}
         )
-        == 7
+        == 8
     )
     assert registry.get_sample_value("fleet_proxy_client_connections") == 2
 
