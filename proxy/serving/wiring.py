@@ -176,15 +176,17 @@ class ProxyCore:
         # Forwarding uses its own lean client (proxy/backends/upstream.py), never httpx: per request
         # it costs a fraction of any general-purpose client (docs/performance.md).
         # The backends' key goes on every call to them: forwarded requests, prefill and KV
-        # legs and moves (the pool), scrapes, health checks, /v1/models, /tokenize (httpx).
+        # legs and moves (the forwarding pool), /metrics scrapes (their own pool), health
+        # checks, /v1/models, /tokenize (httpx).
         auth = backend_authorization(s)
+        keyed = [(b"authorization", auth.encode("ascii"))] if auth else []
         upstream = self._given_upstream
         if upstream is None:
             upstream = UpstreamPool(
                 connect_timeout=s.connect_timeout,
                 read_timeout=s.read_timeout,
                 max_idle_per_origin=s.max_idle_connections_per_backend,
-                fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
+                fixed_headers=keyed,
             )
         self.upstream = upstream
         # /metrics, read several times a second per backend, over a pool of the same kind
@@ -196,7 +198,7 @@ class ProxyCore:
             connect_timeout=s.connect_timeout,
             read_timeout=s.scrape_timeout,
             max_idle_per_origin=1,
-            fixed_headers=[(b"authorization", auth.encode("ascii"))] if auth else (),
+            fixed_headers=keyed,
         )
         self.control_client = httpx.AsyncClient(
             timeout=s.scrape_timeout,
