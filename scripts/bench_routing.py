@@ -12,6 +12,9 @@ paired 95% intervals) and adds what a reader needs to judge the figures on a sha
 the load average before and after each run (with a warning when it exceeds the cores), every
 engine's lag, prefix hits and preemptions from `/_sim/state`, the requests each engine
 finished, and paired comparisons of every setting against every other (not only the first).
+On the ShareGPT replay it also sets every run beside its floor: each request's time to first
+token alone on an idle engine holding its conversation's previous prompt (bench/ttft_floor.py),
+which no router reaches, so what a setting adds above it is what its routing cost.
 Writes `routing.md` and `routing.json` next to compare_peers' `peers.md`.
 
 Two workloads (`--workload`; `-- BENCH ARGS` replaces either): `chat`, synthetic multi-turn
@@ -59,8 +62,11 @@ from machine_load import busy_summary  # noqa: E402
 from request_spread import counts_text, spread  # noqa: E402
 
 from bench.artifacts import comparison_table, write_json  # noqa: E402
+from bench.metrics import percentile  # noqa: E402
 from bench.paired import compare_settings  # noqa: E402
 from bench.summary import dig  # noqa: E402
+from bench.ttft_floor import replay_floors, requests_of  # noqa: E402
+from simulator.profiles import load_profile  # noqa: E402
 
 cp = importlib.import_module("compare_peers")  # scripts/ is on sys.path, above
 
@@ -197,6 +203,98 @@ def per_run_table(bundles: dict[str, list[Path]]) -> str:
     return "\n".join(rows)
 
 
+def floor_applies(bench_args: list[str]) -> bool:
+    """The floor bounds a replay whose conversations share no prefix and resend the recorded
+    replies: the ShareGPT workload with the default history (bench/ttft_floor.py)."""
+
+    def value(flag: str) -> str | None:
+        for i, a in enumerate(bench_args):
+            if a == flag and i + 1 < len(bench_args):
+                return bench_args[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+
+    return value("--workload") == "sharegpt" and value("--history") in (None, "dataset")
+
+
+def run_floor(bundle: Path, profile_name: str, speed: float) -> dict[str, float] | None:
+    """A run's TTFT percentiles beside its floor's, and each request's time above its own
+    floor (p50, p90, mean), in ms of wall time; None when the run served nothing."""
+    rows = [orjson.loads(x) for x in (bundle / "metrics.jsonl").read_bytes().splitlines() if x]
+    served = [r for r in rows if r.get("status") == 200 and r.get("call", 0) == 0]
+    requests = requests_of(served)
+    ttfts = {(r["session_id"], r["turn"]): r["ttft_s"] for r in served if r.get("ttft_s")}
+    pairs = []
+    floors = replay_floors(load_profile(profile_name), speed, requests)
+    for req, floor in zip(requests, floors, strict=True):
+        ttft = ttfts.get((req.session, req.turn))
+        if ttft is not None:
+            pairs.append((ttft * 1000, floor * 1000))
+    if not pairs:
+        return None
+    actual = sorted(a for a, _ in pairs)
+    lows = sorted(f for _, f in pairs)
+    above = sorted(a - f for a, f in pairs)
+    out = {"requests": float(len(pairs))}
+    for p in (50, 90, 99):
+        out[f"ttft_p{p}"] = percentile(actual, p)
+        out[f"floor_p{p}"] = percentile(lows, p)
+    out["above_p50"] = percentile(above, 50)
+    out["above_p90"] = percentile(above, 90)
+    out["above_mean"] = sum(above) / len(above)
+    return out
+
+
+def floor_table(bundles: dict[str, list[Path]], profile_name: str, speed: float) -> str:
+    rows = [
+        "| setting | run | TTFT p50 / p90 / p99 | floor p50 / p90 / p99 | p90 above the floor "
+        "| each request above its floor: p50 / p90 / mean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, k, b in _runs(bundles):
+        f = run_floor(b, profile_name, speed)
+        if f is None:
+            continue
+        rows.append(
+            f"| {label} | {k} | {f['ttft_p50']:.0f} / {f['ttft_p90']:.0f} / {f['ttft_p99']:.0f} "
+            f"| {f['floor_p50']:.0f} / {f['floor_p90']:.0f} / {f['floor_p99']:.0f} "
+            f"| {f['ttft_p90'] - f['floor_p90']:.0f} "
+            f"| {f['above_p50']:.0f} / {f['above_p90']:.0f} / {f['above_mean']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def floor_section(
+    bundles: dict[str, list[Path]], args: argparse.Namespace, bench_args: list[str]
+) -> str:
+    """routing.md's section on the floor, or "" where the floor does not apply."""
+    if not floor_applies(bench_args):
+        return ""
+    table = floor_table(bundles, args.profile, args.speed)
+    return "\n".join(["## Against the floor", "", FLOOR_TEXT, "", table])
+
+
+def floor_figures(
+    bundles: dict[str, list[Path]], args: argparse.Namespace, bench_args: list[str]
+) -> list[dict[str, Any]]:
+    if not floor_applies(bench_args):
+        return []
+    return [
+        {"setting": label, "run": k, **(run_floor(b, args.profile, args.speed) or {})}
+        for label, k, b in _runs(bundles)
+    ]
+
+
+FLOOR_TEXT = (
+    "The floor of a request is its time to first token on an idle engine that holds its "
+    "conversation's previous prompt: the engine profile's prefill steps for its uncached "
+    "tokens, at the run's clock speed, with no step in progress, no other prompt, no decode "
+    "and no router (bench/ttft_floor.py). No router reaches it; what a setting adds above it "
+    "is what its routing and its own latency cost. In ms of wall time."
+)
+
+
 def run_facts(bundles: dict[str, list[Path]]) -> list[dict[str, Any]]:
     """Per run: its seed, the machine's load before and after, and the requests per engine."""
     facts = []
@@ -331,7 +429,8 @@ def main(argv: list[str]) -> int:
     if args.pool:
         pooled = {s.label: pooled_bundles(args.pool, s.label) for s in settings}
         precise = precise_table(pooled)
-        parts = [per_run_table(pooled), busy_runs(pooled), precise]
+        floor = floor_section(pooled, args, bench_args)
+        parts = [per_run_table(pooled), busy_runs(pooled), precise, floor]
         print("\n\n".join(x for x in parts if x) + "\n")
         print(all_pairs(pooled)[0])
         return 0
@@ -346,6 +445,7 @@ def main(argv: list[str]) -> int:
     peers = cp.combine(out, bundles, skipped, args, bench_args)
     pairs_md, pairs = all_pairs(bundles)
     precise = precise_table(bundles)
+    floor = floor_section(bundles, args, bench_args)
     command = " ".join(["scripts/bench_routing.py", *argv, "--", *bench_args])
     text = "\n".join(
         [
@@ -359,6 +459,7 @@ def main(argv: list[str]) -> int:
             per_run_table(bundles),
             "",
             *(["## Precise index at the end of each run", "", precise, ""] if precise else []),
+            *([floor, ""] if floor else []),
             "## Every pair",
             "",
             pairs_md,
@@ -366,7 +467,13 @@ def main(argv: list[str]) -> int:
     )
     (out / "routing.md").write_text(text)
     write_json(
-        out / "routing.json", {"runs": run_facts(bundles), "pairs": pairs, "skipped": skipped}
+        out / "routing.json",
+        {
+            "runs": run_facts(bundles),
+            "pairs": pairs,
+            "skipped": skipped,
+            "floors": floor_figures(bundles, args, bench_args),
+        },
     )
     print(text)
     print(f"artifacts: {out}")
