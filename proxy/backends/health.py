@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fleet.clock import Clock, to_next_beat
+from fleet.clock import IDLE_BEAT_S, Clock, to_next_beat
 from fleet.health import judge_check
 from fleet.live import LiveTable
 from fleet.outliers import Eject, EjectionState
@@ -32,8 +32,8 @@ from proxy.settings import Settings
 log = logging.getLogger("fleet_proxy.health")
 ejection_log = logging.getLogger("fleet_proxy.ejection")
 
-# How often ejections are ended and stalls looked for.
-TICK_S = 0.25
+# How often ejections are ended and stalls looked for: on the process's idle beat.
+TICK_S = IDLE_BEAT_S
 
 
 class BackendHealth:

@@ -10,11 +10,11 @@ Each worker runs one `PeerSync`. A step
 When it steps (`peer_sync_interval`, I below): a request's arrival or end steps inline once I
 has passed since the last step, so a busy worker steps about every I without a timer of its
 own, and the last request to leave steps at once; a timer steps 2 x I after the last step
-while the worker holds requests or load (a long stream with nothing arriving), and 0.25 s
-(or I, if longer) after it when it holds none: its row is then already all zeroes, and a
-request steps before it is routed once I has passed. Each timer wake-up costs a process more
-than the step itself (about 200 us of CPU on a small VM against 10 us for a step), so a
-worker that is idle or already woken by requests keeps its timer quiet.
+while the worker holds requests or load (a long stream with nothing arriving), and 0.2 s
+(the idle beat, or I if longer) after it when it holds none: its row is then already all
+zeroes, and a request steps before it is routed once I has passed. Each timer wake-up costs
+a process more than the step itself (about 200 us of CPU on a small VM against 10 us for a
+step), so a worker that is idle or already woken by requests keeps its timer quiet.
 
 The admin API changes the fleet through a `FleetChanges` (fleet/changes.py): with one worker
 `LocalChanges` changes the registry directly; with several `SharedChanges` appends to the log
@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from fleet.change_log import Change, ChangeLog
 from fleet.changes import add_backend
+from fleet.clock import IDLE_BEAT_S as PROCESS_IDLE_BEAT_S
 from fleet.clock import Clock, SystemClock, to_next_beat
 from fleet.peer_load import (
     INITIAL_GENERATION,
@@ -127,8 +128,9 @@ def apply_change(fleet: FleetRegistry, slots: SlotTable, position: int, change: 
 # intervals, and at least a second, has stopped or is stuck.
 STALE_INTERVALS = 50
 # How often an idle worker refreshes its row (so its peers still believe it) and applies the
-# change log: well inside the one second after which its peers stop believing it.
-IDLE_BEAT_S = 0.25
+# change log: well inside the one second after which its peers stop believing it, and on the
+# process's idle beat.
+IDLE_BEAT_S = PROCESS_IDLE_BEAT_S
 
 
 def idle_beat(interval: float) -> float:

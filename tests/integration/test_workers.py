@@ -313,7 +313,7 @@ async def test_a_responses_thread_continues_on_either_worker() -> None:
 
 
 async def test_idle_workers_keep_their_sync_timers_quiet(backends: list[FakeBackend]) -> None:
-    """With nothing to serve, each worker steps its peer sync at the idle beat (4 a second),
+    """With nothing to serve, each worker steps its peer sync at the idle beat (5 a second),
     not every 20 ms; a request still finds both workers' rows fresh."""
     async with serve([b.url for b in backends], "--policy", "round_robin") as served:
         async with httpx.AsyncClient(timeout=5) as client:
@@ -321,8 +321,8 @@ async def test_idle_workers_keep_their_sync_timers_quiet(backends: list[FakeBack
             await asyncio.sleep(2.0)
             rows = (await served.workers(client))["rows"]
         steps = {r["worker"]: r["sync_steps"] - before[r["worker"]] for r in rows}
-        # 2 s at 20 ms would be 100 steps; at the beat about 8, and a loaded machine only
+        # 2 s at 20 ms would be 100 steps; at the beat about 10, and a loaded machine only
         # delays timers. The worker answering both reads may also step once for each.
-        assert all(0 < n <= 14 for n in steps.values()), steps
+        assert all(0 < n <= 20 for n in steps.values()), steps
         responses = await burst(served.url, 8, 4, new_connections=True)
         assert all(r.status_code == 200 and text_of(r) == EXPECTED_TEXT for r in responses)

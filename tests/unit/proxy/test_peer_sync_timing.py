@@ -52,7 +52,7 @@ def pair(tmp_path: Path) -> Iterator[tuple[PeerSync, PeerSync, FakeClock]]:
 
 def test_the_timer_waits_two_intervals_while_busy_and_the_idle_beat_otherwise() -> None:
     assert timer_delay(0.02, busy=True) == pytest.approx(0.04)
-    assert timer_delay(0.02, busy=False) == IDLE_BEAT_S == 0.25
+    assert timer_delay(0.02, busy=False) == IDLE_BEAT_S == 0.2
     # A long interval is never shortened by the beat.
     assert timer_delay(1.0, busy=False) == 1.0
 
@@ -98,7 +98,7 @@ async def test_a_request_after_a_quiet_spell_is_routed_on_its_peers_load_as_of_n
     s1.step()
     backend(s0).load.in_flight = 5
     s0.step()
-    clock.advance(0.2)  # a quiet spell, shorter than the idle beat: no timer step came
+    clock.advance(0.1)  # a quiet spell, shorter than the idle beat: no timer step came
     assert in_flight(backend(s1)) == 0  # worker 1's view is as of its last step
 
     seen: list[tuple[int, int]] = []
@@ -146,7 +146,7 @@ async def test_an_idle_worker_keeps_its_timer_quiet_and_a_busy_one_shares_its_lo
     s0.step()
     task = asyncio.create_task(s0.run())
     try:
-        # Idle: a step per idle beat (0.25 s), where a 20 ms timer would have stepped ~30
+        # Idle: a step per idle beat (0.2 s), where a 20 ms timer would have stepped ~30
         # times. A loaded machine only delays timers, so this bound holds there too.
         start = s0.ticks
         await asyncio.sleep(0.6)
