@@ -253,7 +253,8 @@ async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
             if not results:
                 continue
             [result] = results
-            assert result.get("outcome") == "ok", (result, proxy.log_tail())
+            # In full (a tuple's repr is cut short): a target that failed says why here.
+            assert result.get("outcome") == "ok", f"{result!r}\n{proxy.log_tail()}"
             assert not got.errors and got.done == 1
             plain = plain_tokens(body)
             # On a mismatch, the move's outcome and the proxy's log say which leg it came from.
