@@ -205,17 +205,12 @@ def per_run_table(bundles: dict[str, list[Path]]) -> str:
 
 def floor_applies(bench_args: list[str]) -> bool:
     """The floor bounds a replay whose conversations share no prefix and resend the recorded
-    replies: the ShareGPT workload with the default history (bench/ttft_floor.py)."""
+    replies: the ShareGPT workload with the default history (bench/ttft_floor.py). Read with
+    the bench's own parser, as `check_bench_args` reads them."""
+    from bench.cli import build_parser
 
-    def value(flag: str) -> str | None:
-        for i, a in enumerate(bench_args):
-            if a == flag and i + 1 < len(bench_args):
-                return bench_args[i + 1]
-            if a.startswith(flag + "="):
-                return a.split("=", 1)[1]
-        return None
-
-    return value("--workload") == "sharegpt" and value("--history") in (None, "dataset")
+    parsed = build_parser().parse_args(["--target", "http://127.0.0.1:1", *bench_args])
+    return bool(parsed.workload == "sharegpt" and parsed.history == "dataset")
 
 
 def run_floor(bundle: Path, profile_name: str, speed: float) -> dict[str, float] | None:

@@ -84,7 +84,7 @@ def test_only_served_main_calls_with_a_prompt_count_enter() -> None:
         (["--workload=sharegpt", "--history", "dataset"], True),
         (["--workload", "sharegpt", "--history", "actual"], False),
         (["--workload", "chat"], False),
-        ([], False),
+        (["--workload", "mooncake", "--trace", "day.jsonl"], False),
     ],
 )
 def test_the_floor_is_reported_for_the_sharegpt_replay_of_recorded_replies(
