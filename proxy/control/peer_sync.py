@@ -32,8 +32,7 @@ from typing import Any, Literal
 
 from fleet.change_log import Change, ChangeLog
 from fleet.changes import add_backend
-from fleet.clock import IDLE_BEAT_S as PROCESS_IDLE_BEAT_S
-from fleet.clock import Clock, SystemClock, to_next_beat
+from fleet.clock import IDLE_BEAT_S, Clock, SystemClock, to_next_beat
 from fleet.peer_load import (
     INITIAL_GENERATION,
     PeerLoad,
@@ -127,13 +126,12 @@ def apply_change(fleet: FleetRegistry, slots: SlotTable, position: int, change: 
 # A worker rewrites its row at least every `idle_beat(interval)`; one silent for this many
 # intervals, and at least a second, has stopped or is stuck.
 STALE_INTERVALS = 50
-# How often an idle worker refreshes its row (so its peers still believe it) and applies the
-# change log: well inside the one second after which its peers stop believing it, and on the
-# process's idle beat.
-IDLE_BEAT_S = PROCESS_IDLE_BEAT_S
 
 
 def idle_beat(interval: float) -> float:
+    """How often an idle worker refreshes its row (so its peers still believe it) and applies
+    the change log: the process's idle beat, well inside the one second after which its peers
+    stop believing it, or the interval if longer."""
     return max(interval, IDLE_BEAT_S)
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from fleet.change_log import ChangeLog
-from fleet.clock import FakeClock
+from fleet.clock import IDLE_BEAT_S, FakeClock
 from fleet.peer_load import PeerLayout, PeerLoad, PeerSegment
 from fleet.registry import FleetRegistry
 from fleet.types import Backend, BackendSpec
 from policies.loads import in_flight
 from proxy.asgi import Receive, Scope, Send
-from proxy.control.peer_sync import IDLE_BEAT_S, PeerSync, timer_delay
+from proxy.control.peer_sync import PeerSync, timer_delay
 from proxy.serving.peer_touch import PeerTouch
 
 
