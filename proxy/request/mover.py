@@ -405,10 +405,17 @@ class Mover:
         elif leg.kind == "precopy" and order is not None:
             moved = min(order.staged, prompt_len)
         metrics.migration_recomputed_tokens.inc(prompt_len - moved)
-        log.info(
-            "request %s: moved %s -> %s after %d tokens (%s, %s)",
-            self._ctx.request_id, source.backend.id, leg.backend.id, tokens, reason, leg.kind,
-        )  # fmt: skip
+        if returned:
+            # Back on its own backend: a line saying "moved X -> X" would hide the failure.
+            log.warning(
+                "request %s: not moved off %s after %d tokens (%s): %s; it continues there (%s)",
+                self._ctx.request_id, source.backend.id, tokens, reason, returned, leg.kind,
+            )  # fmt: skip
+        else:
+            log.info(
+                "request %s: moved %s -> %s after %d tokens (%s, %s)",
+                self._ctx.request_id, source.backend.id, leg.backend.id, tokens, reason, leg.kind,
+            )  # fmt: skip
         return "continued"
 
     def _at_limit(self, ledger: TokenLedger, backend: Backend) -> bool:

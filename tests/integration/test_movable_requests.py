@@ -8,6 +8,7 @@ one engine is the reference every moved stream must equal (text, token ids, usag
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -446,10 +447,12 @@ async def test_migrate_to_a_named_backend_and_its_errors(fleet: SimFleet) -> Non
 
 
 async def test_a_move_whose_target_fails_returns_to_its_source_and_says_so(
-    fleet: SimFleet,
+    fleet: SimFleet, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The named target answers the continuation with a 500: the client's stream goes on, on
-    its source, token-exact, and the admin API reports the move as returned, not ok."""
+    its source, token-exact, and the admin API and the log report the move as returned, not
+    as a move from the source to itself."""
+    caplog.set_level(logging.INFO, logger="fleet_proxy.moves")
     settings = fast_settings(backends(fleet), policy="round_robin")
     path = "/v1/chat/completions"
     async with running_proxy(settings) as (url, _), httpx.AsyncClient(timeout=30) as client:
@@ -474,6 +477,10 @@ async def test_a_move_whose_target_fails_returns_to_its_source_and_says_so(
         assert not got.errors and got.done == 1 and got.text == ref.text
         assert got.token_ids == ref.token_ids
         assert (await migrations(client, url)) == {("admin", "failed"): 1.0}
+        lines = [r.getMessage() for r in caplog.records if r.name == "fleet_proxy.moves"]
+        assert not any(f"moved {source} -> {source}" in line for line in lines), lines
+        said = [line for line in lines if f"not moved off {source}" in line]
+        assert len(said) == 1 and "HTTP 500" in said[0], lines
 
 
 async def test_a_planned_move_with_nowhere_to_go_leaves_the_request_running(
