@@ -230,8 +230,9 @@ async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
 
         # A try can end before the move reaches the stream, or the target's NIXL handshake can
         # time out (vLLM waits 5 s for the source's side channel, which a loaded CPU engine
-        # can miss): the proxy then falls back to recomputing on the target, and that fallback
-        # must be token-exact too. A clean hand-over must happen within the tries.
+        # can miss): the proxy then falls back to recomputing on the target, and when the
+        # target fails that too, the stream goes on on its source ("returned"). Every such
+        # fallback must be token-exact too. A clean hand-over must happen within the tries.
         fallbacks: list[dict[str, Any]] = []
         for _ in range(TRIES):
             rng = random.Random(uuid.uuid4().int)
@@ -254,12 +255,12 @@ async def test_a_handover_move_pulls_the_kv_and_equals_an_unmoved_run(
                 continue
             [result] = results
             # In full (a tuple's repr is cut short): a target that failed says why here.
-            assert result.get("outcome") == "ok", f"{result!r}\n{proxy.log_tail()}"
+            assert result.get("outcome") in ("ok", "returned"), f"{result!r}\n{proxy.log_tail()}"
             assert not got.errors and got.done == 1
             plain = plain_tokens(body)
             # On a mismatch, the move's outcome and the proxy's log say which leg it came from.
             assert got.token_ids == plain, (result, proxy.log_tail())
-            if result.get("kind") == "handover":
+            if result.get("outcome") == "ok" and result.get("kind") == "handover":
                 break
             fallbacks.append(result)
         else:
