@@ -54,7 +54,9 @@ async def refused(port: int) -> bool:
     """Connecting to 127.0.0.1:`port` is refused now (an accepted connection is closed)."""
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
+        # A reset during the handshake: the listening socket closed while this connection was
+        # being set up, the moment of refusal itself. Either way the client is turned away.
         return True
     writer.close()
     return False
