@@ -206,10 +206,8 @@ def per_run_table(bundles: dict[str, list[Path]]) -> str:
 def floor_applies(bench_args: list[str]) -> bool:
     """The floor bounds a replay whose conversations share no prefix and resend the recorded
     replies: the ShareGPT workload with the default history (bench/ttft_floor.py). Read with
-    the bench's own parser, as `check_bench_args` reads them."""
-    from bench.cli import build_parser
-
-    parsed = build_parser().parse_args(["--target", "http://127.0.0.1:1", *bench_args])
+    the bench's own parser."""
+    parsed = cp.parsed_bench_args(bench_args)
     return bool(parsed.workload == "sharegpt" and parsed.history == "dataset")
 
 

@@ -490,12 +490,20 @@ def add_peer_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def parsed_bench_args(bench_args: Sequence[str]) -> argparse.Namespace:
+    """The `fleet-proxy bench` flags as the bench itself reads them (a placeholder target: the
+    script supplies the real ones per run); exits with argparse's message when they are wrong."""
+    from bench.cli import build_parser
+
+    return build_parser().parse_args(["--target", "http://127.0.0.1:1", *bench_args])
+
+
 def check_bench_args(bench_args: Sequence[str]) -> None:
     """End the script, before any fleet starts, when the bench flags are wrong or need a
     module that is not installed (the ShareGPT data, ijson, scipy)."""
-    from bench.cli import build_parser, check_extras
+    from bench.cli import check_extras
 
-    parsed = build_parser().parse_args(["--target", "http://127.0.0.1:1", *bench_args])
+    parsed = parsed_bench_args(bench_args)
     try:
         check_extras(parsed, 1)
     except ValueError as e:
