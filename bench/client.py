@@ -17,6 +17,9 @@ import aiohttp
 import orjson
 
 BACKEND_HEADER = "x-fleet-backend"
+# fleet-proxy's routing receipt: sent when the proxy runs with debug_receipts on and the request
+# carries `x-fleet-debug: 1` (bench --header x-fleet-debug:1); other routers never send it.
+DECISION_HEADER = "x-fleet-decision"
 REQUEST_ID_HEADER = "x-request-id"
 
 
@@ -30,11 +33,24 @@ class RawResponse:
     status: int | None = None
     backend: str | None = None
     request_id: str | None = None
+    decision: str | None = None
     error: str | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+
+def decision_of(header: str | None) -> dict[str, Any] | None:
+    """The routing receipt of an `x-fleet-decision` header; one that is not a JSON object is
+    kept as its text under "unparsed" rather than dropped."""
+    if header is None:
+        return None
+    try:
+        obj = orjson.loads(header)
+    except orjson.JSONDecodeError:
+        obj = None
+    return obj if isinstance(obj, dict) else {"unparsed": header}
 
 
 def _chunk_text(obj: Mapping[str, Any]) -> str:
@@ -67,6 +83,7 @@ async def stream_request(
                 raw.status = resp.status
                 raw.backend = resp.headers.get(BACKEND_HEADER)
                 raw.request_id = resp.headers.get(REQUEST_ID_HEADER)
+                raw.decision = resp.headers.get(DECISION_HEADER)
                 if resp.status != 200:
                     detail = (await resp.read())[:200].decode("utf-8", "replace")
                     raw.error = f"http {resp.status}: {detail}"

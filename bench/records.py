@@ -25,6 +25,9 @@ class RequestRecord:
     usage_reported: bool = False
     backend: str | None = None  # x-fleet-backend response header
     request_id: str | None = None  # x-request-id response header
+    # fleet-proxy's routing receipt (x-fleet-decision: the backend, the reason, each
+    # candidate's scores), when the proxy sent one
+    decision: dict[str, Any] | None = None
     status: int | None = None
     error: str | None = None
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.client import RawResponse, stream_request
+from bench.client import RawResponse, decision_of, stream_request
 from bench.metrics import derive
 from bench.records import RequestRecord
 from bench.textgen import tokens_for_chars
@@ -213,6 +213,7 @@ def fill_record(record: RequestRecord, raw: RawResponse, t0: float) -> None:
     record.status = raw.status
     record.backend = raw.backend
     record.request_id = raw.request_id
+    record.decision = decision_of(raw.decision)
     record.error = raw.error
     usage = raw.usage or {}
     record.usage_reported = bool(raw.usage)
